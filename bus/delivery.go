@@ -25,6 +25,9 @@ type Delivery struct {
 	DeliveredAt time.Time
 	// Source is where the message came from: a table, stream or topic.
 	Source string
+	// Topic is the topic the message was written to or received on. For an
+	// outbox row it is the destination the relay publishes to.
+	Topic string
 	// ID is the transport's id of this delivery: a row id, a stream entry id.
 	ID string
 	// Partition and Offset locate a Kafka record; zero elsewhere.

@@ -1,0 +1,297 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DB is what the writers need: a pgx.Tx, a *pgxpool.Pool or a *pgx.Conn.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// laneKey identifies a lane: one (consumer group, topic, partition key).
+// Outbox lanes have the group "".
+type laneKey struct {
+	group, topic, key string
+}
+
+// row is one fetched outbox or inbox row.
+type row struct {
+	id           int64
+	eventID      string
+	topic        string
+	partitionKey *string
+	eventType    *string
+	payload      []byte
+	metadata     map[string]string
+	attempts     int
+	maxAttempts  int
+	createdAt    time.Time
+}
+
+// unit is what one fetch hands out for one key: the run of a lane, or a
+// single unkeyed row (lane nil).
+type unit struct {
+	lane *laneKey
+	rows []row
+}
+
+// fetchResult is the outcome of one fetch: the units to deliver, and the
+// lanes that were leased but yielded nothing (their head is not deliverable,
+// or they have no rows left); those must be reconciled.
+type fetchResult struct {
+	units []unit
+	idle  []laneKey
+	lanes int // lanes leased in all
+}
+
+// settleOp is the settlement of one row.
+type settleOp struct {
+	id      int64
+	op      byte // 'a' ack, 'n' nack, 'r' release
+	inc     int
+	giveUp  bool
+	retryAt *time.Time
+	err     string
+}
+
+// engine runs the statements of one table for one worker. It holds no
+// goroutines; the Subscriber drives it, and tests drive it cycle by cycle.
+type engine struct {
+	pool   *pgxpool.Pool
+	q      *queries
+	worker string
+	group  string // inbox consumer group; "" for the outbox
+	lease  time.Duration
+	run    int  // RunLength
+	block  bool // FailedBlock policy
+}
+
+func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fetchResult, error) {
+	var topicArg *string
+	if topic != AllTopics {
+		topicArg = &topic
+	}
+	rows, err := e.pool.Query(ctx, e.q.fetch, e.worker, e.lease, lanes, e.run, loose, topicArg, e.group, e.block)
+	if err != nil {
+		return fetchResult{}, fmt.Errorf("fetch from %q: %w", e.q.table, err)
+	}
+	defer rows.Close()
+
+	var (
+		res    fetchResult
+		byLane = map[laneKey]int{} // index into res.units
+		leased []laneKey
+	)
+	for rows.Next() {
+		var (
+			isLane  bool
+			id      *int64
+			eventID *string
+			r       row
+			meta    []byte
+			att     *int
+			maxAtt  *int
+			created *time.Time
+			group   *string
+		)
+		if err := rows.Scan(&isLane, &id, &eventID, &r.topic, &r.partitionKey, &r.eventType, &r.payload, &meta,
+			&att, &maxAtt, &created, &group); err != nil {
+			return fetchResult{}, fmt.Errorf("fetch from %q: scan: %w", e.q.table, err)
+		}
+		if isLane {
+			leased = append(leased, laneKey{group: deref(group), topic: r.topic, key: deref(r.partitionKey)})
+			continue
+		}
+		r.id, r.eventID, r.attempts, r.maxAttempts, r.createdAt = *id, deref(eventID), *att, *maxAtt, *created
+		if len(meta) > 0 {
+			if err := json.Unmarshal(meta, &r.metadata); err != nil {
+				// A row whose metadata is not a JSON object of strings was not
+				// written by us; deliver it with what we can read.
+				r.metadata = map[string]string{"omnibus_metadata_error": err.Error()}
+			}
+		}
+		if r.partitionKey == nil {
+			res.units = append(res.units, unit{rows: []row{r}})
+			continue
+		}
+		k := laneKey{group: e.group, topic: r.topic, key: *r.partitionKey}
+		if i, ok := byLane[k]; ok {
+			res.units[i].rows = append(res.units[i].rows, r)
+			continue
+		}
+		lk := k
+		byLane[k] = len(res.units)
+		res.units = append(res.units, unit{lane: &lk, rows: []row{r}})
+	}
+	if err := rows.Err(); err != nil {
+		return fetchResult{}, fmt.Errorf("fetch from %q: %w", e.q.table, err)
+	}
+	res.lanes = len(leased)
+	for _, k := range leased {
+		if _, ok := byLane[k]; !ok {
+			res.idle = append(res.idle, k)
+		}
+	}
+	// RETURNING gives no order; a run must go out in id order.
+	for i := range res.units {
+		sortRows(res.units[i].rows)
+	}
+	return res, nil
+}
+
+func sortRows(rs []row) {
+	for i := 1; i < len(rs); i++ {
+		for j := i; j > 0 && rs[j].id < rs[j-1].id; j-- {
+			rs[j], rs[j-1] = rs[j-1], rs[j]
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// settle applies ops in one statement. It returns how many rows it changed;
+// rows whose lease was taken over by another worker are left alone.
+func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
+	if len(ops) == 0 {
+		return 0, nil
+	}
+	ids := make([]int64, len(ops))
+	kinds := make([]string, len(ops))
+	incs := make([]int32, len(ops))
+	giveUps := make([]bool, len(ops))
+	retryAts := make([]*time.Time, len(ops))
+	errs := make([]*string, len(ops))
+	for i, o := range ops {
+		ids[i], kinds[i], incs[i], giveUps[i], retryAts[i] = o.id, string(o.op), int32(o.inc), o.giveUp, o.retryAt
+		if o.op == 'n' {
+			msg := o.err
+			errs[i] = &msg
+		}
+	}
+	tag, err := e.pool.Exec(ctx, e.q.settle, e.worker, ids, kinds, incs, giveUps, retryAts, errs)
+	if err != nil {
+		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// reconcile gives back lanes this worker holds: each lane's next ready time
+// is computed from its rows, and lanes without pending rows are deleted.
+// Lanes a writer is locking right now are returned in retry; lanes that are
+// no longer ours are dropped. readyNow counts lanes that are ready at once.
+func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKey, readyNow int64, err error) {
+	if len(lanes) == 0 {
+		return nil, 0, nil
+	}
+	gs, ts, ks := laneArrays(lanes)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return lanes, 0, fmt.Errorf("reconcile lanes of %q: begin: %w", e.q.table, err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	rows, err := tx.Query(ctx, e.q.lockLanes, e.worker, gs, ts, ks)
+	if err != nil {
+		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
+	}
+	locked, err := scanLanes(rows)
+	if err != nil {
+		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
+	}
+	if len(locked) > 0 {
+		lg, lt, lk := laneArrays(locked)
+		var gone int64
+		if err := tx.QueryRow(ctx, e.q.reconcile, lg, lt, lk, e.block).Scan(&gone, &readyNow); err != nil {
+			return lanes, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return lanes, 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
+	}
+	if len(locked) == len(lanes) {
+		return nil, readyNow, nil
+	}
+	// Some lanes were not locked: either a writer holds them (retry later) or
+	// they are not ours any more (drop them).
+	done := make(map[laneKey]bool, len(locked))
+	for _, k := range locked {
+		done[k] = true
+	}
+	var rest []laneKey
+	for _, k := range lanes {
+		if !done[k] {
+			rest = append(rest, k)
+		}
+	}
+	rg, rt, rk := laneArrays(rest)
+	rows, err = e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
+	if err != nil {
+		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
+	}
+	retry, err = scanLanes(rows)
+	if err != nil {
+		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
+	}
+	return retry, readyNow, nil
+}
+
+// extend renews the leases of in-flight rows and of their lanes.
+func (e *engine) extend(ctx context.Context, ids []int64, lanes []laneKey) error {
+	if len(ids) > 0 {
+		if _, err := e.pool.Exec(ctx, e.q.extendRows, e.worker, e.lease, ids); err != nil {
+			return fmt.Errorf("extend leases of %d rows of %q: %w", len(ids), e.q.table, err)
+		}
+	}
+	if len(lanes) > 0 {
+		gs, ts, ks := laneArrays(lanes)
+		if _, err := e.pool.Exec(ctx, e.q.extendLanes, e.worker, e.lease, gs, ts, ks); err != nil {
+			return fmt.Errorf("extend leases of %d lanes of %q: %w", len(lanes), e.q.table, err)
+		}
+	}
+	return nil
+}
+
+// sweep recreates missing lanes and reports how many it created.
+func (e *engine) sweep(ctx context.Context) (int64, error) {
+	tag, err := e.pool.Exec(ctx, e.q.sweep)
+	if err != nil {
+		return 0, fmt.Errorf("sweep lanes of %q: %w", e.q.table, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func laneArrays(lanes []laneKey) (gs, ts, ks []string) {
+	gs, ts, ks = make([]string, len(lanes)), make([]string, len(lanes)), make([]string, len(lanes))
+	for i, l := range lanes {
+		gs[i], ts[i], ks[i] = l.group, l.topic, l.key
+	}
+	return gs, ts, ks
+}
+
+func scanLanes(rows pgx.Rows) ([]laneKey, error) {
+	defer rows.Close()
+	var out []laneKey
+	for rows.Next() {
+		var k laneKey
+		if err := rows.Scan(&k.group, &k.topic, &k.key); err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}

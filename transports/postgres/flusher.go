@@ -1,0 +1,154 @@
+package postgres
+
+import (
+	"context"
+	"time"
+)
+
+// flusher gathers settlements and lane releases from every subscription of a
+// Subscriber and writes them in batches: one UPDATE for the rows, then one
+// reconciliation of the lanes whose runs ended. The order matters: a lane is
+// reconciled only after the settlements of its rows are written.
+type flusher struct {
+	s    *Subscriber
+	in   chan flushItem
+	stop chan struct{} // closed when no subscription will send again
+	done chan struct{}
+}
+
+type flushItem struct {
+	op   settleOp
+	lane *laneKey
+}
+
+func newFlusher(s *Subscriber) *flusher {
+	return &flusher{
+		s:    s,
+		in:   make(chan flushItem, 4*s.cfg.SettleBatch),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+}
+
+func (f *flusher) settle(op settleOp) { f.in <- flushItem{op: op} }
+
+func (f *flusher) lane(k laneKey) { f.in <- flushItem{lane: &k} }
+
+func (f *flusher) run() {
+	defer f.s.wg.Done()
+	defer close(f.done)
+	var (
+		ops      []settleOp
+		lanes    []laneKey
+		timer    = time.NewTimer(time.Hour)
+		armed    bool
+		failures int
+	)
+	timer.Stop()
+	arm := func(d time.Duration) {
+		if !armed {
+			timer.Reset(d)
+			armed = true
+		}
+	}
+	flush := func(ctx context.Context) bool {
+		if len(ops) > 0 {
+			if _, err := f.s.eng.settle(ctx, ops); err != nil {
+				f.s.log.Error("omnibus: writing settlements failed; will retry", "error", err, "rows", len(ops))
+				return false
+			}
+			ops = ops[:0]
+		}
+		if len(lanes) > 0 {
+			retry, ready, err := f.s.eng.reconcile(ctx, lanes)
+			if err != nil {
+				f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(lanes))
+				return false
+			}
+			keep := make(map[laneKey]bool, len(retry))
+			for _, k := range retry {
+				keep[k] = true
+			}
+			for _, k := range lanes {
+				if !keep[k] {
+					f.s.tracked.removeLane(k)
+				}
+			}
+			lanes = append(lanes[:0], retry...)
+			if ready > 0 {
+				f.s.wakeAll()
+			}
+		}
+		return true
+	}
+	add := func(it flushItem) {
+		if it.lane != nil {
+			lanes = append(lanes, *it.lane)
+		} else {
+			ops = append(ops, it.op)
+		}
+	}
+	for {
+		select {
+		case it := <-f.in:
+			add(it)
+			if len(ops) >= f.s.cfg.SettleBatch {
+				if armed && !timer.Stop() {
+					<-timer.C
+				}
+				armed = false
+				if !flush(context.Background()) {
+					failures++
+					arm(backoffDelay(failures))
+				} else {
+					failures = 0
+				}
+				continue
+			}
+			arm(f.s.cfg.SettleInterval)
+		case <-timer.C:
+			armed = false
+			if !flush(context.Background()) {
+				failures++
+				arm(backoffDelay(failures))
+				continue
+			}
+			failures = 0
+			if len(lanes) > 0 {
+				// A writer is holding some lanes; try again shortly.
+				arm(20 * time.Millisecond)
+			}
+		case <-f.stop:
+			for drained := false; !drained; {
+				select {
+				case it := <-f.in:
+					add(it)
+				default:
+					drained = true
+				}
+			}
+			// Write what is left, retrying until CloseTimeout. Rows whose
+			// settlement cannot be written keep their lease and are
+			// delivered again after it expires: at least once, never lost.
+			ctx, cancel := context.WithTimeout(context.Background(), f.s.cfg.CloseTimeout+time.Second)
+			defer cancel()
+			for attempt := 1; ; attempt++ {
+				if flush(ctx) && len(lanes) == 0 {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					f.s.log.Error("omnibus: gave up writing settlements at close; their rows will be redelivered after the lease",
+						"rows", len(ops), "lanes", len(lanes))
+					return
+				case <-time.After(backoffDelay(attempt)):
+				}
+			}
+		}
+	}
+}
+
+func backoffDelay(failures int) time.Duration {
+	d := 50 * time.Millisecond << min(failures, 5)
+	return min(d, time.Second)
+}

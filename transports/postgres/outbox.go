@@ -1,0 +1,238 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+// Defaults of OutboxConfig.
+const (
+	DefaultMaxPayloadBytes  = 1 << 20
+	DefaultMaxMetadataBytes = 64 << 10
+	DefaultMaxAttempts      = 6
+	DefaultMaxDeliverAhead  = 365 * 24 * time.Hour
+)
+
+// Metadata keys read by Enqueue as per-message options. They are removed from
+// the stored metadata: they steer the outbox and are not part of the event.
+const (
+	// MetaDeliverAt holds an RFC 3339 time before which the event is not
+	// delivered. Set it with SetDeliverAt.
+	MetaDeliverAt = "omnibus_deliver_at"
+	// MetaMaxAttempts holds the event's attempt budget. Set it with SetMaxAttempts.
+	MetaMaxAttempts = "omnibus_max_attempts"
+)
+
+// SetDeliverAt asks the outbox not to deliver msg before t.
+func SetDeliverAt(msg *message.Message, t time.Time) {
+	msg.Metadata.Set(MetaDeliverAt, t.UTC().Format(time.RFC3339Nano))
+}
+
+// SetMaxAttempts sets the attempt budget of msg (default DefaultMaxAttempts).
+func SetMaxAttempts(msg *message.Message, n int) {
+	msg.Metadata.Set(MetaMaxAttempts, strconv.Itoa(n))
+}
+
+// OutboxConfig configures an Outbox.
+type OutboxConfig struct {
+	// Table is the outbox table, optionally schema-qualified. Default DefaultOutboxTable.
+	Table string
+	// MaxPayloadBytes bounds a payload. Default DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+	// MaxMetadataBytes bounds the JSON of a message's metadata. Default DefaultMaxMetadataBytes (64 KiB).
+	MaxMetadataBytes int
+	// MaxAttempts is the attempt budget of events that do not set their own. Default DefaultMaxAttempts.
+	MaxAttempts int
+	// MaxDeliverAhead bounds how far in the future a deliver-at time may be. Default 365 days.
+	MaxDeliverAhead time.Duration
+}
+
+func (c *OutboxConfig) setDefaults() {
+	if c.Table == "" {
+		c.Table = DefaultOutboxTable
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if c.MaxMetadataBytes == 0 {
+		c.MaxMetadataBytes = DefaultMaxMetadataBytes
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.MaxDeliverAhead == 0 {
+		c.MaxDeliverAhead = DefaultMaxDeliverAhead
+	}
+}
+
+// Validate reports the first invalid field.
+func (c OutboxConfig) Validate() error {
+	if _, err := parseTableName(c.Table); err != nil {
+		return fmt.Errorf("Table: %w", err)
+	}
+	if c.MaxPayloadBytes < 0 {
+		return errors.New("MaxPayloadBytes: must not be negative")
+	}
+	if c.MaxMetadataBytes < 0 {
+		return errors.New("MaxMetadataBytes: must not be negative")
+	}
+	if c.MaxAttempts < 0 {
+		return errors.New("MaxAttempts: must not be negative")
+	}
+	if c.MaxDeliverAhead < 0 {
+		return errors.New("MaxDeliverAhead: must not be negative")
+	}
+	return nil
+}
+
+// Outbox writes events into an outbox table inside the caller's transaction.
+type Outbox struct {
+	cfg OutboxConfig
+	q   *queries
+}
+
+// NewOutbox validates cfg and returns an Outbox. It does not touch the
+// database; run Migrate first.
+func NewOutbox(cfg OutboxConfig) (*Outbox, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	tn, _ := parseTableName(cfg.Table)
+	return &Outbox{cfg: cfg, q: newQueries(tn, false)}, nil
+}
+
+// Table returns the outbox table's name.
+func (o *Outbox) Table() string { return o.cfg.Table }
+
+// InvalidMessageError reports a message Enqueue refused. Nothing of the call
+// was written.
+type InvalidMessageError struct {
+	UUID  string
+	Field string
+	Why   string
+}
+
+func (e *InvalidMessageError) Error() string {
+	return fmt.Sprintf("invalid message %q: %s: %s", e.UUID, e.Field, e.Why)
+}
+
+// Enqueue inserts msgs into the outbox for topic using db: a pgx.Tx of the
+// caller's business transaction, a pool or a connection. It never begins or
+// commits; the events become visible to relays when db's transaction commits,
+// and a notification wakes them then. An event whose UUID is already in the
+// outbox is skipped without error (and without aborting the transaction).
+//
+// Each message's UUID must be a UUID. Its partition_key and event_type
+// metadata go into their columns; SetDeliverAt and SetMaxAttempts steer it.
+// If any message is invalid, nothing is written and the error names it.
+func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*message.Message) error {
+	if topic == "" {
+		return errors.New("enqueue: topic: must not be empty")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	n := len(msgs)
+	var (
+		ids       = make([]uuid.UUID, n)
+		keys      = make([]*string, n)
+		types     = make([]*string, n)
+		payloads  = make([][]byte, n)
+		metas     = make([][]byte, n)
+		attempts  = make([]int32, n)
+		schedules = make([]*time.Time, n)
+	)
+	now := time.Now()
+	for i, msg := range msgs {
+		if msg == nil {
+			return fmt.Errorf("enqueue: message %d is nil", i)
+		}
+		bad := func(field, why string) error {
+			return fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: field, Why: why})
+		}
+		id, err := uuid.Parse(msg.UUID)
+		if err != nil {
+			return bad("UUID", "not a UUID (the outbox keys events by UUID)")
+		}
+		ids[i] = id
+		if len(msg.Payload) > o.cfg.MaxPayloadBytes {
+			return bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), o.cfg.MaxPayloadBytes))
+		}
+		payloads[i] = msg.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		meta := make(map[string]string, len(msg.Metadata))
+		attempts[i] = int32(o.cfg.MaxAttempts)
+		for k, v := range msg.Metadata {
+			switch k {
+			case MetaDeliverAt:
+				t, err := time.Parse(time.RFC3339Nano, v)
+				if err != nil {
+					return bad(MetaDeliverAt, "not an RFC 3339 time")
+				}
+				if t.After(now.Add(o.cfg.MaxDeliverAhead)) {
+					return bad(MetaDeliverAt, fmt.Sprintf("%s is more than %s ahead", v, o.cfg.MaxDeliverAhead))
+				}
+				schedules[i] = &t
+			case MetaMaxAttempts:
+				a, err := strconv.Atoi(v)
+				if err != nil || a < 1 || a > 1000 {
+					return bad(MetaMaxAttempts, "want a whole number from 1 to 1000")
+				}
+				attempts[i] = int32(a)
+			default:
+				meta[k] = v
+			}
+		}
+		if k := bus.PartitionKey(msg); k != "" {
+			keys[i] = &k
+		}
+		if t := bus.EventType(msg); t != "" {
+			types[i] = &t
+		}
+		metas[i], err = json.Marshal(meta)
+		if err != nil {
+			return bad("Metadata", err.Error())
+		}
+		if len(metas[i]) > o.cfg.MaxMetadataBytes {
+			return bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(metas[i]), o.cfg.MaxMetadataBytes))
+		}
+	}
+	if _, err := db.Exec(ctx, o.q.insertOutbox, topic, ids, keys, types, payloads, metas, attempts, schedules); err != nil {
+		return fmt.Errorf("enqueue %d events to %q: %w", n, o.cfg.Table, err)
+	}
+	return nil
+}
+
+// Publisher returns a message.Publisher that enqueues into the outbox with
+// db. Publish with a pgx.Tx to write events in a business transaction.
+// Close is a no-op: db belongs to the caller.
+func (o *Outbox) Publisher(db DB) message.Publisher {
+	return &outboxPublisher{o: o, db: db}
+}
+
+type outboxPublisher struct {
+	o  *Outbox
+	db DB
+}
+
+func (p *outboxPublisher) Publish(topic string, msgs ...*message.Message) error {
+	ctx := context.Background()
+	if len(msgs) > 0 && msgs[0].Context() != nil {
+		ctx = msgs[0].Context()
+	}
+	return p.o.Enqueue(ctx, p.db, topic, msgs...)
+}
+
+func (p *outboxPublisher) Close() error { return nil }

@@ -1,0 +1,236 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Default table names.
+const (
+	DefaultOutboxTable = "omnibus_outbox"
+	DefaultInboxTable  = "omnibus_inbox"
+)
+
+// Kind tells an outbox table from an inbox table.
+type Kind int
+
+const (
+	// KindOutbox is a table of events written by the application, relayed to a broker.
+	KindOutbox Kind = iota
+	// KindInbox is a table of received messages, deduplicated per consumer group.
+	KindInbox
+)
+
+func (k Kind) String() string {
+	if k == KindInbox {
+		return "inbox"
+	}
+	return "outbox"
+}
+
+// Table names one outbox or inbox table, optionally schema-qualified
+// ("events.outbox"). Its companion lanes table is "<name>_lanes" in the same
+// schema.
+type Table struct {
+	Name string
+	Kind Kind
+}
+
+// OutboxTable names an outbox table; "" means DefaultOutboxTable.
+func OutboxTable(name string) Table {
+	if name == "" {
+		name = DefaultOutboxTable
+	}
+	return Table{Name: name, Kind: KindOutbox}
+}
+
+// InboxTable names an inbox table; "" means DefaultInboxTable.
+func InboxTable(name string) Table {
+	if name == "" {
+		name = DefaultInboxTable
+	}
+	return Table{Name: name, Kind: KindInbox}
+}
+
+// DefaultTables is the default outbox and inbox table.
+func DefaultTables() []Table { return []Table{OutboxTable(""), InboxTable("")} }
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+type migration struct {
+	version int
+	name    string
+	tmpl    *template.Template
+}
+
+var migrations = loadMigrations()
+
+func loadMigrations() []migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	var out []migration
+	for _, e := range entries {
+		v, err := strconv.Atoi(strings.SplitN(e.Name(), "_", 2)[0])
+		if err != nil {
+			panic(fmt.Sprintf("migration %s: name must start with a version number", e.Name()))
+		}
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, migration{
+			version: v,
+			name:    e.Name(),
+			tmpl:    template.Must(template.New(e.Name()).Parse(string(body))),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out
+}
+
+// templateData is what the migration templates see. Every string in it is a
+// quoted identifier or literal built from a validated name.
+type templateData struct {
+	t     tableName
+	Inbox bool
+}
+
+func (d templateData) Table() string                  { return d.t.quoted() }
+func (d templateData) Lanes() string                  { return d.t.derived("_lanes").quoted() }
+func (d templateData) Ident(suffix string) string     { return d.t.ident(suffix) }
+func (d templateData) Qualified(suffix string) string { return d.t.qualifiedIdent(suffix) }
+func (d templateData) ChannelLiteral() string {
+	return "'" + strings.ReplaceAll(d.t.channel(), "'", "''") + "'"
+}
+
+func (t Table) parse() (tableName, error) {
+	tn, err := parseTableName(t.Name)
+	if err != nil {
+		return tableName{}, fmt.Errorf("%s table: %w", t.Kind, err)
+	}
+	return tn, nil
+}
+
+func render(m migration, t Table) (string, error) {
+	tn, err := t.parse()
+	if err != nil {
+		return "", err
+	}
+	var buf bytes.Buffer
+	if err := m.tmpl.Execute(&buf, templateData{t: tn, Inbox: t.Kind == KindInbox}); err != nil {
+		return "", fmt.Errorf("render migration %s for %q: %w", m.name, t.Name, err)
+	}
+	return buf.String(), nil
+}
+
+// MigrationSQL returns the SQL that Migrate applies for tables, in order,
+// for users who run their own migration tool. It does not include the
+// bookkeeping of applied versions.
+func MigrationSQL(tables ...Table) (string, error) {
+	if len(tables) == 0 {
+		tables = DefaultTables()
+	}
+	var b strings.Builder
+	for _, t := range tables {
+		for _, m := range migrations {
+			sql, err := render(m, t)
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&b, "-- omnibus %s table %s, migration %s\n%s\n", t.Kind, t.Name, m.name, sql)
+		}
+	}
+	return b.String(), nil
+}
+
+// Beginner is anything that can begin a transaction: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx (which begins a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// migrationLockID is the advisory lock key Migrate holds while it works, so
+// that services starting at once migrate one after the other.
+const migrationLockID int64 = 0x6f6d6e6962757301 // "omnibus\x01"
+
+// Migrate creates or upgrades tables (the default outbox and inbox when none
+// are given). It applies the embedded versioned migrations that have not been
+// applied yet, in one transaction under an advisory lock; running it again is
+// a no-op. Applied versions are recorded in omnibus_schema_migrations in the
+// schema of each table.
+func Migrate(ctx context.Context, db Beginner, tables ...Table) error {
+	if len(tables) == 0 {
+		tables = DefaultTables()
+	}
+	for _, t := range tables {
+		if _, err := t.parse(); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID); err != nil {
+		return fmt.Errorf("migrate: take advisory lock: %w", err)
+	}
+	for _, t := range tables {
+		if err := migrateTable(ctx, tx, t); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("migrate: commit: %w", err)
+	}
+	return nil
+}
+
+func migrateTable(ctx context.Context, tx pgx.Tx, t Table) error {
+	tn, _ := t.parse()
+	book := tableName{schema: tn.schema, name: "omnibus_schema_migrations"}.quoted()
+	if tn.schema != "" {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{tn.schema}.Sanitize()); err != nil {
+			return fmt.Errorf("migrate %q: create schema: %w", t.Name, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+book+` (
+		table_name text NOT NULL,
+		version    integer NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (table_name, version))`); err != nil {
+		return fmt.Errorf("migrate %q: create bookkeeping table: %w", t.Name, err)
+	}
+	var current int
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+book+` WHERE table_name = $1`, tn.name).Scan(&current); err != nil {
+		return fmt.Errorf("migrate %q: read applied version: %w", t.Name, err)
+	}
+	for _, m := range migrations {
+		if m.version <= current {
+			continue
+		}
+		sql, err := render(m, t)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("migrate %q: apply %s: %w", t.Name, m.name, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+book+` (table_name, version) VALUES ($1, $2)`, tn.name, m.version); err != nil {
+			return fmt.Errorf("migrate %q: record %s: %w", t.Name, m.name, err)
+		}
+	}
+	return nil
+}

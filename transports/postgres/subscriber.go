@@ -1,0 +1,409 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+// AllTopics subscribes to the rows of every topic of the table. The outbox
+// relay uses it: one relay delivers every destination.
+const AllTopics = "*"
+
+// FailedPolicy says what a terminally failed row does to the rows behind it.
+type FailedPolicy int
+
+const (
+	// FailedSkip (the default): a failed row does not hold back its key; its
+	// successors proceed. Requeueing it later delivers it out of order.
+	FailedSkip FailedPolicy = iota
+	// FailedBlock keeps the key frozen behind a failed row until an operator
+	// requeues or deletes it.
+	FailedBlock
+)
+
+// Defaults of SubscriberConfig.
+const (
+	DefaultBatchSize      = 100
+	DefaultRunLength      = 16
+	DefaultLease          = 30 * time.Second
+	DefaultPollInterval   = time.Second
+	DefaultSettleInterval = 2 * time.Millisecond
+	DefaultSettleBatch    = 1000
+	DefaultSweepInterval  = time.Minute
+	DefaultCloseTimeout   = 30 * time.Second
+	DefaultTransientDelay = time.Second
+	DefaultMaxErrorLength = 2048
+)
+
+// SubscriberConfig configures a Subscriber. Zero values mean the defaults.
+type SubscriberConfig struct {
+	// Table is the outbox or inbox table. Default DefaultOutboxTable, or
+	// DefaultInboxTable when Kind is KindInbox.
+	Table string
+	// Kind tells an outbox table from an inbox table. Default KindOutbox.
+	Kind Kind
+	// ConsumerGroup selects the inbox rows of one consumer group. Required for
+	// an inbox, not allowed for an outbox.
+	ConsumerGroup string
+	// WorkerID names this worker in leases. Default: host name, process id
+	// and a random suffix; it must be unique among running workers.
+	WorkerID string
+	// BatchSize is how many keys (lanes) and how many unkeyed rows one fetch
+	// may take. Default DefaultBatchSize.
+	BatchSize int
+	// RunLength is how many rows of one key a fetch takes at most: the head
+	// and the rows right behind it. 1 is head-only. Default DefaultRunLength.
+	RunLength int
+	// MaxInFlight bounds the keys and unkeyed rows being delivered at once.
+	// Default 2 × BatchSize.
+	MaxInFlight int
+	// Lease is how long fetched rows stay reserved for this worker; it is
+	// renewed every Lease/3 while their handlers run. Default DefaultLease.
+	Lease time.Duration
+	// PollInterval is how often the table is polled when no notification
+	// arrives. Default DefaultPollInterval.
+	PollInterval time.Duration
+	// DisableListen turns LISTEN/NOTIFY wake-ups off; only polling is used.
+	DisableListen bool
+	// SettleInterval is how long acks and nacks are gathered before they are
+	// written in one statement. Default DefaultSettleInterval.
+	SettleInterval time.Duration
+	// SettleBatch flushes settlements early when this many are waiting.
+	// Default DefaultSettleBatch.
+	SettleBatch int
+	// SweepInterval is how often missing lanes are recreated. Default
+	// DefaultSweepInterval; negative turns the sweep off.
+	SweepInterval time.Duration
+	// CloseTimeout is how long Close waits for in-flight messages; after it
+	// their rows are released for another worker. Default DefaultCloseTimeout.
+	CloseTimeout time.Duration
+	// TransientDelay is when a transient failure without its own retry time
+	// is tried again. Default DefaultTransientDelay.
+	TransientDelay time.Duration
+	// FailedPolicy: FailedSkip (default) or FailedBlock.
+	FailedPolicy FailedPolicy
+	// MaxErrorLength truncates stored error texts. Default DefaultMaxErrorLength.
+	MaxErrorLength int
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.Table == "" {
+		c.Table = DefaultOutboxTable
+		if c.Kind == KindInbox {
+			c.Table = DefaultInboxTable
+		}
+	}
+	if c.WorkerID == "" {
+		host, _ := os.Hostname()
+		c.WorkerID = host + "-" + strconv.Itoa(os.Getpid()) + "-" + uuid.NewString()[:8]
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.RunLength == 0 {
+		c.RunLength = DefaultRunLength
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 2 * c.BatchSize
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.SettleInterval == 0 {
+		c.SettleInterval = DefaultSettleInterval
+	}
+	if c.SettleBatch == 0 {
+		c.SettleBatch = DefaultSettleBatch
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.TransientDelay == 0 {
+		c.TransientDelay = DefaultTransientDelay
+	}
+	if c.MaxErrorLength == 0 {
+		c.MaxErrorLength = DefaultMaxErrorLength
+	}
+}
+
+// Validate reports the first invalid field.
+func (c SubscriberConfig) Validate() error {
+	if _, err := parseTableName(c.Table); err != nil {
+		return fmt.Errorf("Table: %w", err)
+	}
+	switch {
+	case c.Kind != KindOutbox && c.Kind != KindInbox:
+		return fmt.Errorf("Kind: unknown kind %d", c.Kind)
+	case c.Kind == KindInbox && c.ConsumerGroup == "":
+		return errors.New("ConsumerGroup: required for an inbox table")
+	case c.Kind == KindOutbox && c.ConsumerGroup != "":
+		return errors.New("ConsumerGroup: an outbox table has no consumer groups")
+	case c.BatchSize < 1:
+		return fmt.Errorf("BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.RunLength < 1:
+		return fmt.Errorf("RunLength: must be at least 1, got %d", c.RunLength)
+	case c.MaxInFlight < 1:
+		return fmt.Errorf("MaxInFlight: must be at least 1, got %d", c.MaxInFlight)
+	case c.Lease < time.Second:
+		return fmt.Errorf("Lease: must be at least 1s, got %s", c.Lease)
+	case c.PollInterval < 0:
+		return fmt.Errorf("PollInterval: must not be negative, got %s", c.PollInterval)
+	case c.SettleInterval < 0:
+		return fmt.Errorf("SettleInterval: must not be negative, got %s", c.SettleInterval)
+	case c.SettleBatch < 1:
+		return fmt.Errorf("SettleBatch: must be at least 1, got %d", c.SettleBatch)
+	case c.CloseTimeout < 0:
+		return fmt.Errorf("CloseTimeout: must not be negative, got %s", c.CloseTimeout)
+	case c.TransientDelay < 0:
+		return fmt.Errorf("TransientDelay: must not be negative, got %s", c.TransientDelay)
+	case c.FailedPolicy != FailedSkip && c.FailedPolicy != FailedBlock:
+		return fmt.Errorf("FailedPolicy: unknown policy %d", c.FailedPolicy)
+	case c.MaxErrorLength < 1:
+		return fmt.Errorf("MaxErrorLength: must be at least 1, got %d", c.MaxErrorLength)
+	}
+	return nil
+}
+
+// ErrClosed is returned by Subscribe after Close.
+var ErrClosed = errors.New("postgres subscriber: closed")
+
+// Subscriber delivers the pending rows of one outbox or inbox table as
+// Watermill messages, in order per (topic, partition key): a key's rows go
+// out one at a time, each only after the previous one was acked, while
+// different keys are delivered concurrently. See the package documentation
+// for the ordering contract.
+//
+// Each message carries a bus.Delivery in its context. A Nack is settled from
+// the message's bus.Settlement (recorded by the Retry middleware): counted
+// failures spend an attempt and wait for their retry time, transient ones
+// spend none, permanent ones fail the row. A Nack without a settlement counts
+// an attempt and keeps the row's schedule.
+type Subscriber struct {
+	pool *pgxpool.Pool
+	cfg  SubscriberConfig
+	log  *slog.Logger
+	eng  *engine
+
+	flush *flusher
+
+	mu      sync.Mutex
+	closed  bool
+	subs    map[*subscription]struct{}
+	closing chan struct{}
+	subWG   sync.WaitGroup // subscriptions
+	wg      sync.WaitGroup // flusher and maintenance loop
+
+	tracked tracker
+}
+
+// NewSubscriber validates cfg and returns a Subscriber over pool. The pool
+// stays the caller's; Close does not close it. A nil logger means no logging.
+func NewSubscriber(pool *pgxpool.Pool, cfg SubscriberConfig, logger *slog.Logger) (*Subscriber, error) {
+	if pool == nil {
+		return nil, errors.New("invalid config: pool: must not be nil")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	tn, _ := parseTableName(cfg.Table)
+	log := bus.LoggerOrNop(logger).With("table", cfg.Table)
+	if cfg.ConsumerGroup != "" {
+		log = log.With("consumer_group", cfg.ConsumerGroup)
+	}
+	s := &Subscriber{
+		pool: pool,
+		cfg:  cfg,
+		log:  log,
+		eng: &engine{
+			pool:   pool,
+			q:      newQueries(tn, cfg.Kind == KindInbox),
+			worker: cfg.WorkerID,
+			group:  cfg.ConsumerGroup,
+			lease:  cfg.Lease,
+			run:    cfg.RunLength,
+			block:  cfg.FailedPolicy == FailedBlock,
+		},
+		subs:    map[*subscription]struct{}{},
+		closing: make(chan struct{}),
+		tracked: tracker{rows: map[int64]struct{}{}, lanes: map[laneKey]int{}},
+	}
+	s.flush = newFlusher(s)
+	s.wg.Add(2)
+	go s.flush.run()
+	go s.maintain()
+	return s, nil
+}
+
+// Config returns the configuration in effect, defaults applied.
+func (s *Subscriber) Config() SubscriberConfig { return s.cfg }
+
+// Subscribe starts delivering the rows of topic (AllTopics for every topic)
+// on the returned channel, which is closed when ctx ends or the Subscriber
+// is closed.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("subscribe: topic: must not be empty (use postgres.AllTopics for every topic)")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	sub := newSubscription(s, topic)
+	s.subs[sub] = struct{}{}
+	s.subWG.Add(1)
+	go func() {
+		defer s.subWG.Done()
+		sub.run(ctx)
+		s.mu.Lock()
+		delete(s.subs, sub)
+		s.mu.Unlock()
+	}()
+	return sub.out, nil
+}
+
+// Close stops fetching, releases the rows it fetched but did not deliver,
+// waits up to CloseTimeout for in-flight messages, writes the outstanding
+// settlements and returns. It is idempotent and safe to call concurrently.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.flush.done
+		s.wg.Wait()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.subWG.Wait()
+	close(s.flush.stop)
+	s.wg.Wait()
+	return nil
+}
+
+// wakeAll signals every subscription to fetch now.
+func (s *Subscriber) wakeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sub := range s.subs {
+		signal(sub.wake)
+	}
+}
+
+// maintain renews leases of in-flight rows and sweeps for missing lanes.
+func (s *Subscriber) maintain() {
+	defer s.wg.Done()
+	extend := time.NewTicker(s.cfg.Lease / 3)
+	defer extend.Stop()
+	var sweep <-chan time.Time
+	if s.cfg.SweepInterval > 0 {
+		t := time.NewTicker(s.cfg.SweepInterval)
+		defer t.Stop()
+		sweep = t.C
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		// Keep renewing while Close waits for in-flight handlers.
+		select {
+		case <-time.After(s.cfg.CloseTimeout + time.Second):
+		case <-s.flush.done:
+		}
+		cancel()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-extend.C:
+			ids, lanes := s.tracked.snapshot()
+			if err := s.eng.extend(ctx, ids, lanes); err != nil && ctx.Err() == nil {
+				s.log.Warn("omnibus: renewing leases failed", "error", err)
+			}
+		case <-sweep:
+			n, err := s.eng.sweep(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log.Warn("omnibus: lane sweep failed", "error", err)
+			case n > 0:
+				s.log.Info("omnibus: lane sweep recreated lanes", "lanes", n)
+				s.wakeAll()
+			}
+		}
+	}
+}
+
+// tracker knows the rows and lanes this worker holds, for lease renewal.
+type tracker struct {
+	mu    sync.Mutex
+	rows  map[int64]struct{}
+	lanes map[laneKey]int
+}
+
+func (t *tracker) add(u unit) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range u.rows {
+		t.rows[r.id] = struct{}{}
+	}
+	if u.lane != nil {
+		t.lanes[*u.lane]++
+	}
+}
+
+func (t *tracker) removeRows(rs []row) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range rs {
+		delete(t.rows, r.id)
+	}
+}
+
+func (t *tracker) addLane(k laneKey) {
+	t.mu.Lock()
+	t.lanes[k]++
+	t.mu.Unlock()
+}
+
+func (t *tracker) removeLane(k laneKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lanes[k]--; t.lanes[k] <= 0 {
+		delete(t.lanes, k)
+	}
+}
+
+func (t *tracker) snapshot() ([]int64, []laneKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ids := make([]int64, 0, len(t.rows))
+	for id := range t.rows {
+		ids = append(ids, id)
+	}
+	lanes := make([]laneKey, 0, len(t.lanes))
+	for k := range t.lanes {
+		lanes = append(lanes, k)
+	}
+	return ids, lanes
+}

@@ -1,0 +1,262 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+// subscription is one Subscribe call: a fetch loop and one goroutine per
+// unit (a key's run, or an unkeyed row) it hands out.
+type subscription struct {
+	s     *Subscriber
+	topic string
+	out   chan *message.Message
+
+	wake     chan struct{}
+	unitDone chan struct{}
+	active   atomic.Int64
+	units    sync.WaitGroup
+}
+
+func newSubscription(s *Subscriber, topic string) *subscription {
+	return &subscription{
+		s:        s,
+		topic:    topic,
+		out:      make(chan *message.Message),
+		wake:     make(chan struct{}, 1),
+		unitDone: make(chan struct{}, 1),
+	}
+}
+
+func (sub *subscription) run(parent context.Context) {
+	s := sub.s
+	// ctx ends when the caller's context ends or the Subscriber closes; it
+	// stops fetching and emitting. Messages keep parent as their base so
+	// that a graceful Close lets in-flight handlers finish.
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	var notified <-chan struct{}
+	if !s.cfg.DisableListen {
+		ls := listen(s.pool, s.eng.q.channel, s.log)
+		defer ls.Close()
+		notified = ls.C()
+	}
+	poll := time.NewTicker(s.cfg.PollInterval)
+	defer poll.Stop()
+
+	log := s.log.With("topic", sub.topic)
+	failures := 0
+	for ctx.Err() == nil {
+		free := s.cfg.MaxInFlight - int(sub.active.Load())
+		if free <= 0 {
+			select {
+			case <-sub.unitDone:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		n := min(s.cfg.BatchSize, free)
+		res, err := s.eng.fetch(ctx, sub.topic, n, n)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			failures++
+			log.Error("omnibus: fetch failed; retrying", "error", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoffDelay(failures)):
+			}
+			continue
+		}
+		failures = 0
+		loose := 0
+		for _, u := range res.units {
+			if u.lane == nil {
+				loose++
+			}
+			s.tracked.add(u)
+			sub.active.Add(1)
+			sub.units.Add(1)
+			go sub.deliver(parent, ctx, u)
+		}
+		for _, k := range res.idle {
+			s.tracked.addLane(k)
+			s.flush.lane(k)
+		}
+		if res.lanes >= n || loose >= n {
+			continue // there is probably more; fetch again at once
+		}
+		select {
+		case <-ctx.Done():
+		case <-sub.wake:
+		case <-notified:
+		case <-poll.C:
+		}
+	}
+	sub.units.Wait()
+	close(sub.out)
+}
+
+// outcome of one emitted message.
+type outcome int
+
+const (
+	acked outcome = iota
+	nacked
+	abandoned // not settled before the close timeout, or the caller's context ended
+)
+
+// deliver emits the rows of u one at a time, each after the previous one
+// was acked. A nack settles its row and releases the rest of the run.
+func (sub *subscription) deliver(base, ctx context.Context, u unit) {
+	s := sub.s
+	defer func() {
+		s.tracked.removeRows(u.rows)
+		if u.lane != nil {
+			s.flush.lane(*u.lane)
+		}
+		sub.active.Add(-1)
+		signal(sub.unitDone)
+		sub.units.Done()
+	}()
+	for i, r := range u.rows {
+		if ctx.Err() != nil {
+			sub.release(u.rows[i:])
+			return
+		}
+		mctx, cancel := context.WithCancel(base)
+		msg := s.newMessage(mctx, r)
+		select {
+		case sub.out <- msg:
+		case <-ctx.Done():
+			cancel()
+			sub.release(u.rows[i:])
+			return
+		}
+		out := sub.await(base, ctx, msg)
+		cancel()
+		switch out {
+		case acked:
+			s.flush.settle(settleOp{id: r.id, op: 'a'})
+		case nacked:
+			s.flush.settle(s.nackOp(msg, r))
+			sub.release(u.rows[i+1:])
+			return
+		case abandoned:
+			sub.release(u.rows[i:])
+			return
+		}
+	}
+}
+
+func (sub *subscription) await(base, ctx context.Context, msg *message.Message) outcome {
+	select {
+	case <-msg.Acked():
+		return acked
+	case <-msg.Nacked():
+		return nacked
+	case <-base.Done():
+		return abandoned
+	case <-ctx.Done():
+	}
+	// Closing: give the handler up to CloseTimeout to finish.
+	t := time.NewTimer(sub.s.cfg.CloseTimeout)
+	defer t.Stop()
+	select {
+	case <-msg.Acked():
+		return acked
+	case <-msg.Nacked():
+		return nacked
+	case <-base.Done():
+		return abandoned
+	case <-t.C:
+		return abandoned
+	}
+}
+
+func (sub *subscription) release(rs []row) {
+	for _, r := range rs {
+		sub.s.flush.settle(settleOp{id: r.id, op: 'r'})
+	}
+}
+
+// newMessage turns a row into a message carrying its Delivery.
+func (s *Subscriber) newMessage(ctx context.Context, r row) *message.Message {
+	msg := message.NewMessage(r.eventID, r.payload)
+	if r.metadata != nil {
+		msg.Metadata = r.metadata
+	}
+	if r.partitionKey != nil && msg.Metadata.Get(bus.KeyPartitionKey) == "" {
+		msg.Metadata.Set(bus.KeyPartitionKey, *r.partitionKey)
+	}
+	if r.eventType != nil && msg.Metadata.Get(bus.KeyEventType) == "" {
+		msg.Metadata.Set(bus.KeyEventType, *r.eventType)
+	}
+	now := time.Now()
+	msg.SetContext(bus.WithDelivery(ctx, bus.Delivery{
+		Attempts:         r.attempts,
+		MaxAttempts:      r.maxAttempts,
+		FirstDeliveredAt: now,
+		DeliveredAt:      now,
+		Source:           s.cfg.Table,
+		Topic:            r.topic,
+		ID:               fmt.Sprint(r.id),
+	}))
+	return msg
+}
+
+// nackOp turns the settlement recorded on msg into the row's update.
+func (s *Subscriber) nackOp(msg *message.Message, r row) settleOp {
+	st, ok := bus.SettlementOf(msg)
+	if !ok {
+		return settleOp{id: r.id, op: 'n', inc: 1, err: "nacked without a settlement"}
+	}
+	op := settleOp{id: r.id, op: 'n', err: truncate(st.Error, s.cfg.MaxErrorLength)}
+	if op.err == "" {
+		op.err = st.Class.String() + " failure"
+	}
+	if !st.RetryAt.IsZero() {
+		t := st.RetryAt
+		op.retryAt = &t
+	}
+	switch st.Class {
+	case bus.ClassTransient:
+		if op.retryAt == nil {
+			t := time.Now().Add(s.cfg.TransientDelay)
+			op.retryAt = &t
+		}
+	case bus.ClassPermanent:
+		op.inc, op.giveUp = 1, true
+	default:
+		op.inc, op.giveUp = 1, st.GiveUp
+	}
+	return op
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for !utf8.ValidString(s) && len(s) > 0 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
