@@ -1,0 +1,44 @@
+# omnibus — see README.md. `make demo` runs the main job end to end,
+# `make test` runs the whole suite.
+GO ?= go
+TEST_TIMEOUT ?= 9m
+
+.PHONY: all demo test test-short services lint fmt vet bench soak build
+
+all: build
+
+build:
+	$(GO) build ./...
+
+## services: start PostgreSQL and Redis when they are not reachable
+services:
+	@bash scripts/services.sh
+
+## demo: the outbox written in a business transaction, relayed in order, printed
+demo:
+	@bash scripts/services.sh postgres
+	$(GO) run ./examples/outbox-basic
+
+## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake)
+test:
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## lint: formatting and vet
+lint: vet
+	@out=$$(gofmt -l . bench); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+
+fmt:
+	gofmt -w .
+
+## bench: benchmarks of our transports and processors against their peers (prints numbers)
+bench:
+	@bash scripts/services.sh
+	cd bench && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./...
+
+## soak: long-running stand tests (build tag soak)
+soak:
+	$(GO) test -race -count=1 -tags soak -run Soak -timeout 60m ./...
