@@ -70,3 +70,80 @@ func payloads(rs []row) []string {
 	}
 	return out
 }
+
+// cycle is one relay cycle driven by hand: fetch, let decide settle each
+// delivered row (nil → ack), settle, give the lanes back. It returns the
+// rows delivered in this cycle, run by run.
+func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []row {
+	t.Helper()
+	ctx := context.Background()
+	res, err := e.fetch(ctx, AllTopics, batch, batch)
+	require.NoError(t, err)
+	var (
+		out   []row
+		ops   []settleOp
+		lanes = append([]laneKey(nil), res.idle...)
+	)
+	for _, u := range res.units {
+		for i, r := range u.rows {
+			out = append(out, r)
+			var op *settleOp
+			if decide != nil {
+				op = decide(r)
+			}
+			if op == nil {
+				ops = append(ops, settleOp{id: r.id, op: 'a'})
+				continue
+			}
+			op.id = r.id
+			ops = append(ops, *op)
+			for _, rest := range u.rows[i+1:] {
+				ops = append(ops, settleOp{id: rest.id, op: 'r'})
+			}
+			break
+		}
+		if u.lane != nil {
+			lanes = append(lanes, *u.lane)
+		}
+	}
+	_, err = e.settle(ctx, ops)
+	require.NoError(t, err)
+	retry, _, err := e.reconcile(ctx, lanes)
+	require.NoError(t, err)
+	require.Empty(t, retry, "no writer holds a lane here, so every lane must be given back")
+	return out
+}
+
+// rowState reads one row's bookkeeping by payload.
+type rowState struct {
+	status      string
+	attempts    int
+	lastError   *string
+	scheduledAt time.Time
+	lockedBy    *string
+}
+
+func stateOf(t *testing.T, pool *pgxpool.Pool, ob *Outbox, payload string) rowState {
+	t.Helper()
+	var s rowState
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT status, attempts, last_error, scheduled_at, locked_by FROM `+ob.q.table.quoted()+` WHERE payload = $1`,
+		[]byte(payload)).Scan(&s.status, &s.attempts, &s.lastError, &s.scheduledAt, &s.lockedBy))
+	return s
+}
+
+func failWith(class bus.Class, retryAt time.Time) func(row) *settleOp {
+	return func(row) *settleOp {
+		op := &settleOp{op: 'n', err: "boom", inc: 1}
+		switch class {
+		case bus.ClassTransient:
+			op.inc = 0
+		case bus.ClassPermanent:
+			op.giveUp = true
+		}
+		if !retryAt.IsZero() {
+			op.retryAt = &retryAt
+		}
+		return op
+	}
+}
