@@ -1,0 +1,100 @@
+package kafka_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/transports/kafka"
+)
+
+func TestConfig_BadInputNamesTheField(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	require.NoError(t, os.WriteFile(notPEM, []byte("not a certificate"), 0o600))
+	brokers := []string{"127.0.0.1:9092"}
+
+	pubCases := []struct {
+		name  string
+		cfg   kafka.PublisherConfig
+		field string
+	}{
+		{"empty brokers", kafka.PublisherConfig{}, "Brokers"},
+		{"blank broker", kafka.PublisherConfig{Brokers: []string{" "}}, "Brokers"},
+		{"invalid SASL mechanism", kafka.PublisherConfig{Brokers: brokers, SASL: kafka.SASLConfig{Mechanism: "GSSAPI", User: "u"}}, "SASL.Mechanism"},
+		{"SASL without user", kafka.PublisherConfig{Brokers: brokers, SASL: kafka.SASLConfig{Mechanism: kafka.SASLScramSHA512}}, "SASL.User"},
+		{"unreadable CA file", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: filepath.Join(dir, "missing.pem")}}, "TLS.CAFile"},
+		{"CA file without PEM", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: notPEM}}, "TLS.CAFile"},
+		{"cert without key", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CertFile: notPEM}}, "TLS.KeyFile"},
+		{"bad Kafka version", kafka.PublisherConfig{Brokers: brokers, KafkaVersion: "two"}, "KafkaVersion"},
+		{"unknown acks", kafka.PublisherConfig{Brokers: brokers, Acks: "some"}, "Acks"},
+		{"idempotence without acks=all", kafka.PublisherConfig{Brokers: brokers, Acks: kafka.AcksLeader}, "Acks"},
+		{"unknown compression", kafka.PublisherConfig{Brokers: brokers, Compression: "brotli"}, "Compression"},
+		{"negative retries", kafka.PublisherConfig{Brokers: brokers, Retries: -1}, "Retries"},
+		{"negative batch bytes", kafka.PublisherConfig{Brokers: brokers, BatchBytes: -1}, "BatchBytes"},
+	}
+	for _, tc := range pubCases {
+		t.Run("publisher/"+tc.name, func(t *testing.T) {
+			t.Parallel()
+			assertFieldError(t, tc.cfg.Validate(), tc.field)
+			_, err := kafka.NewPublisher(tc.cfg, nil)
+			assertFieldError(t, err, tc.field)
+		})
+	}
+
+	sub := func(mut func(*kafka.SubscriberConfig)) kafka.SubscriberConfig {
+		c := kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: "g"}
+		mut(&c)
+		return c
+	}
+	subCases := []struct {
+		name  string
+		cfg   kafka.SubscriberConfig
+		field string
+	}{
+		{"empty brokers", sub(func(c *kafka.SubscriberConfig) { c.Brokers = nil }), "Brokers"},
+		{"invalid SASL mechanism", sub(func(c *kafka.SubscriberConfig) { c.SASL = kafka.SASLConfig{Mechanism: "SCRAM-MD5", User: "u"} }), "SASL.Mechanism"},
+		{"unreadable CA file", sub(func(c *kafka.SubscriberConfig) { c.TLS.CAFile = filepath.Join(dir, "missing.pem") }), "TLS.CAFile"},
+		{"negative in-flight limit", sub(func(c *kafka.SubscriberConfig) { c.MaxInFlight = -1 }), "MaxInFlight"},
+		{"no consumer group", sub(func(c *kafka.SubscriberConfig) { c.ConsumerGroup = "" }), "ConsumerGroup"},
+		{"unknown initial offset", sub(func(c *kafka.SubscriberConfig) { c.InitialOffset = "middle" }), "InitialOffset"},
+		{"unknown balance strategy", sub(func(c *kafka.SubscriberConfig) { c.BalanceStrategy = "random" }), "BalanceStrategy"},
+		{"heartbeat not below session", sub(func(c *kafka.SubscriberConfig) { c.SessionTimeout, c.HeartbeatInterval = time.Second, 2*time.Second }), "HeartbeatInterval"},
+		{"negative nack delay", sub(func(c *kafka.SubscriberConfig) { c.NackDelay = -1 }), "NackDelay"},
+		{"blank dead-letter topic", sub(func(c *kafka.SubscriberConfig) { c.DeadLetterTopic = " " }), "DeadLetterTopic"},
+	}
+	for _, tc := range subCases {
+		t.Run("subscriber/"+tc.name, func(t *testing.T) {
+			t.Parallel()
+			assertFieldError(t, tc.cfg.Validate(), tc.field)
+			_, err := kafka.NewSubscriber(tc.cfg, nil)
+			assertFieldError(t, err, tc.field)
+		})
+	}
+}
+
+func assertFieldError(t *testing.T, err error, field string) {
+	t.Helper()
+	require.Error(t, err, "expected an error naming %s", field)
+	var ce *kafka.ConfigError
+	require.True(t, errors.As(err, &ce), "expected a *kafka.ConfigError, got %T: %v", err, err)
+	assert.Equal(t, field, ce.Field, "error %q names the wrong field", err)
+	assert.True(t, strings.HasPrefix(err.Error(), "invalid config: "+field+": "), "error %q does not start with %q", err, "invalid config: "+field+": ")
+}
+
+func TestConfig_ZeroValuesAreDefaults(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}}.Validate())
+	require.NoError(t, kafka.SubscriberConfig{Brokers: []string{"127.0.0.1:9092"}, ConsumerGroup: "g"}.Validate())
+	require.NoError(t, kafka.PublisherConfig{
+		Brokers: []string{"127.0.0.1:9092"}, Acks: kafka.AcksLeader, DisableIdempotence: true,
+		Compression: "zstd", SASL: kafka.SASLConfig{Mechanism: kafka.SASLPlain, User: "u", Password: "p"},
+	}.Validate())
+}

@@ -1,0 +1,123 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+// HeaderUUID is the record header carrying the message UUID. It is the
+// header watermill-kafka uses, so records flow between the two unchanged.
+const HeaderUUID = "_watermill_message_uuid"
+
+// Marshaler turns messages into Kafka records and back. A Subscriber sends
+// a record whose Unmarshal fails to the dead-letter topic, with the error,
+// instead of stopping its partition.
+type Marshaler interface {
+	// Marshal builds the record for msg on topic. The Publisher sets the
+	// record's Metadata field itself; Marshal must leave it alone.
+	Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error)
+	// Unmarshal builds a message from a consumed record.
+	Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error)
+}
+
+// DefaultMarshaler maps a message to a record as follows: the partition key
+// (bus.KeyPartitionKey metadata) is the record key, so records of one key
+// share a partition and keep their order; the payload is the value; the UUID
+// travels in the HeaderUUID header and every metadata entry in a header of
+// its own name.
+//
+// Unmarshal is the reverse. A record without a UUID header (written by
+// another producer) gets a UUID derived from its topic, partition and offset,
+// so every delivery of it carries the same one; a record with a (UTF-8) key
+// and no partition_key header gets the key as its partition key. A record is
+// undecodable when a header name is empty, a header name or value is not
+// valid UTF-8, or the UUID header is empty or repeated with different values.
+// (Metadata is text everywhere else in omnibus, the PostgreSQL inbox keeps it
+// as jsonb, so a binary header is stopped here, next to its cause, rather
+// than failing an insert further on.)
+type DefaultMarshaler struct{}
+
+// ErrUndecodable is wrapped by the errors DefaultMarshaler.Unmarshal returns.
+var ErrUndecodable = errors.New("undecodable record")
+
+// recordUUIDSpace namespaces the UUIDs derived for records without one.
+var recordUUIDSpace = uuid.MustParse("6f6d6e69-6275-5300-8000-6b61666b6121")
+
+// Marshal implements Marshaler.
+func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	if _, reserved := msg.Metadata[HeaderUUID]; reserved {
+		return nil, fmt.Errorf("marshal message %s: metadata key %q is reserved for the UUID", msg.UUID, HeaderUUID)
+	}
+	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
+	headers = append(headers, sarama.RecordHeader{Key: []byte(HeaderUUID), Value: []byte(msg.UUID)})
+	keys := make([]string, 0, len(msg.Metadata))
+	for k := range msg.Metadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // deterministic records
+	for _, k := range keys {
+		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(msg.Metadata[k])})
+	}
+	pm := &sarama.ProducerMessage{
+		Topic:   topic,
+		Value:   sarama.ByteEncoder(msg.Payload),
+		Headers: headers,
+	}
+	if key := bus.PartitionKey(msg); key != "" {
+		pm.Key = sarama.StringEncoder(key)
+	}
+	return pm, nil
+}
+
+// Unmarshal implements Marshaler.
+func (DefaultMarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
+	var (
+		id    string
+		hasID bool
+		md    = make(message.Metadata, len(rec.Headers))
+	)
+	for _, h := range rec.Headers {
+		if h == nil {
+			continue
+		}
+		switch {
+		case len(h.Key) == 0:
+			return nil, fmt.Errorf("%w: a header has an empty name", ErrUndecodable)
+		case !utf8.Valid(h.Key):
+			return nil, fmt.Errorf("%w: header name %q is not valid UTF-8", ErrUndecodable, h.Key)
+		case !utf8.Valid(h.Value):
+			return nil, fmt.Errorf("%w: the value of header %q is not valid UTF-8", ErrUndecodable, h.Key)
+		}
+		k, v := string(h.Key), string(h.Value)
+		if k == HeaderUUID {
+			switch {
+			case v == "":
+				return nil, fmt.Errorf("%w: header %s is empty", ErrUndecodable, HeaderUUID)
+			case hasID && v != id:
+				return nil, fmt.Errorf("%w: header %s repeated with different values", ErrUndecodable, HeaderUUID)
+			}
+			id, hasID = v, true
+			continue
+		}
+		md[k] = v // a repeated header keeps its last value, as Kafka's lastHeader does
+	}
+	if !hasID {
+		id = uuid.NewSHA1(recordUUIDSpace, []byte(rec.Topic+"/"+strconv.Itoa(int(rec.Partition))+"/"+strconv.FormatInt(rec.Offset, 10))).String()
+	}
+	if _, ok := md[bus.KeyPartitionKey]; !ok && len(rec.Key) > 0 && utf8.Valid(rec.Key) {
+		// A binary key is not copied; the Subscriber still orders by it.
+		md[bus.KeyPartitionKey] = string(rec.Key)
+	}
+	msg := message.NewMessage(id, rec.Value)
+	msg.Metadata = md
+	return msg, nil
+}
