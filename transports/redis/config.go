@@ -1,0 +1,316 @@
+package redis
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of PublisherConfig and SubscriberConfig. A zero field takes its
+// default.
+const (
+	// DefaultPublishBatchSize is the most entries the Publisher sends in one
+	// pipeline.
+	DefaultPublishBatchSize = 512
+	// DefaultPublishPipelines is how many pipelines the Publisher keeps in
+	// flight at once.
+	DefaultPublishPipelines = 4
+
+	// DefaultBatchSize is the COUNT of each XREADGROUP and XAUTOCLAIM.
+	DefaultBatchSize = 100
+	// DefaultBlockTime is how long one XREADGROUP waits for new entries. It
+	// also bounds how long Close waits for a blocked read to return.
+	DefaultBlockTime = time.Second
+	// DefaultMaxInFlight is how many entries a subscription holds at once:
+	// handed to handlers, waiting behind their key or waiting for a retry.
+	DefaultMaxInFlight = 256
+	// DefaultClaimIdle is how long an entry must sit unacknowledged in another
+	// consumer's pending list before it is reclaimed.
+	DefaultClaimIdle = 30 * time.Second
+	// DefaultClaimInterval is how often a subscription looks for idle
+	// entries to reclaim.
+	DefaultClaimInterval = 5 * time.Second
+	// DefaultNackDelay is how long a nacked entry waits before it is
+	// redelivered when its settlement names no retry time.
+	DefaultNackDelay = 100 * time.Millisecond
+	// DefaultDeadLetterSuffix is appended to a stream's name to name its
+	// dead-letter stream when SubscriberConfig.DeadLetterStream is empty.
+	DefaultDeadLetterSuffix = ":dead-letter"
+)
+
+// ConfigError reports an invalid configuration field.
+type ConfigError struct {
+	// Field is the name of the offending field, as spelled in the struct.
+	Field string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return "invalid config: " + e.Field + ": " + e.Reason
+}
+
+func invalid(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// connection holds what both configs say about reaching Redis.
+type connection struct {
+	client   redis.UniversalClient
+	addr     string
+	username string
+	password string
+	db       int
+	tls      *tls.Config
+}
+
+func (c connection) validate() error {
+	if c.client == nil && c.addr == "" {
+		return invalid("Addr", "empty and no Client given")
+	}
+	if c.client == nil && c.db < 0 {
+		return invalid("DB", "negative (%d)", c.db)
+	}
+	return nil
+}
+
+// open returns the client to use and whether the caller of open owns it
+// (and must close it).
+func (c connection) open() (redis.UniversalClient, bool) {
+	if c.client != nil {
+		return c.client, false
+	}
+	return redis.NewClient(&redis.Options{
+		Addr:      c.addr,
+		Username:  c.username,
+		Password:  c.password,
+		DB:        c.db,
+		TLSConfig: c.tls,
+	}), true
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Client is a client owned by the caller. When set, the address fields
+	// are ignored and the Publisher never closes it.
+	Client redis.UniversalClient
+	// Addr is the "host:port" of the Redis server, used when Client is nil.
+	// The Publisher then opens its own client and closes it on Close.
+	Addr string
+	// Username and Password authenticate the connection opened from Addr
+	// (Redis ACL user; Username empty means the default user).
+	Username string
+	Password string
+	// DB selects the database of the connection opened from Addr.
+	DB int
+	// TLS, when set, makes the connection opened from Addr use TLS.
+	TLS *tls.Config
+
+	// StreamPrefix is prepended to a topic to name its stream.
+	StreamPrefix string
+	// MaxLen, when positive, trims every stream written to to about MaxLen
+	// entries (XADD MAXLEN ~). Off by default. Trimming does not wait for
+	// consumers: an entry a slow consumer group has not read yet, or has read
+	// and not acknowledged, can be trimmed and is then lost to that group
+	// (the Subscriber reports such entries, it cannot recover them). Size it
+	// well above the backlog any group may build.
+	MaxLen int64
+	// Marshaler turns messages into stream fields; DefaultMarshaler when nil.
+	Marshaler Marshaler
+
+	// BatchSize is the most entries sent in one pipeline; concurrent Publish
+	// calls share pipelines up to this size. Default DefaultPublishBatchSize.
+	BatchSize int
+	// Pipelines is how many pipelines may be in flight at once. Default
+	// DefaultPublishPipelines.
+	Pipelines int
+}
+
+func (c *PublisherConfig) setDefaults() {
+	if c.Marshaler == nil {
+		c.Marshaler = DefaultMarshaler{}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultPublishBatchSize
+	}
+	if c.Pipelines == 0 {
+		c.Pipelines = DefaultPublishPipelines
+	}
+}
+
+// Validate reports the first invalid field as a *ConfigError.
+func (c PublisherConfig) Validate() error {
+	if err := c.connection().validate(); err != nil {
+		return err
+	}
+	if c.MaxLen < 0 {
+		return invalid("MaxLen", "negative (%d); use 0 for no trimming", c.MaxLen)
+	}
+	if c.BatchSize < 0 {
+		return invalid("BatchSize", "negative (%d)", c.BatchSize)
+	}
+	if c.Pipelines < 0 {
+		return invalid("Pipelines", "negative (%d)", c.Pipelines)
+	}
+	return nil
+}
+
+func (c PublisherConfig) connection() connection {
+	return connection{client: c.Client, addr: c.Addr, username: c.Username, password: c.Password, db: c.DB, tls: c.TLS}
+}
+
+// SubscriberConfig configures a Subscriber.
+type SubscriberConfig struct {
+	// Client is a client owned by the caller. When set, the address fields
+	// are ignored and the Subscriber never closes it. Each subscription keeps
+	// one connection blocked in XREADGROUP; size the pool for it.
+	Client redis.UniversalClient
+	// Addr is the "host:port" of the Redis server, used when Client is nil.
+	// The Subscriber then opens its own client and closes it on Close.
+	Addr string
+	// Username and Password authenticate the connection opened from Addr.
+	Username string
+	Password string
+	// DB selects the database of the connection opened from Addr.
+	DB int
+	// TLS, when set, makes the connection opened from Addr use TLS.
+	TLS *tls.Config
+
+	// StreamPrefix is prepended to a topic to name its stream.
+	StreamPrefix string
+	// ConsumerGroup is the group the Subscriber reads as. Required. The group
+	// is created at the start of the stream (and the stream with it) when
+	// missing, so a new group reads everything the stream still holds.
+	ConsumerGroup string
+	// Consumer is this Subscriber's name within the group. Default: the host
+	// name and a random suffix, unique per Subscriber. Two live Subscribers
+	// must never share a name.
+	Consumer string
+
+	// BatchSize is the COUNT of each XREADGROUP and XAUTOCLAIM. Default
+	// DefaultBatchSize.
+	BatchSize int
+	// BlockTime is how long one XREADGROUP waits for new entries. Close waits
+	// up to this long for a blocked read. Default DefaultBlockTime.
+	BlockTime time.Duration
+	// MaxInFlight bounds the entries a subscription holds at once: handed to
+	// handlers, waiting behind their key, or waiting for a retry. Reading
+	// stops while it is reached. Default DefaultMaxInFlight.
+	MaxInFlight int
+	// ClaimIdle is how long an entry must sit unacknowledged in a consumer's
+	// pending list before another consumer reclaims it (a consumer that died
+	// leaves its entries there). Entries a live subscription holds are
+	// touched every ClaimIdle/3 so they are never reclaimed from it, however
+	// long their handler or retry delay. Must be at least BlockTime, and the
+	// same for every consumer of a group. Default DefaultClaimIdle.
+	ClaimIdle time.Duration
+	// ClaimInterval is how often a subscription runs XAUTOCLAIM. Negative
+	// turns reclaiming off. Default DefaultClaimInterval.
+	ClaimInterval time.Duration
+	// NackDelay is how long a nacked entry waits before it is redelivered
+	// when its settlement names no retry time (or it has no settlement).
+	// Default DefaultNackDelay.
+	NackDelay time.Duration
+	// DeadLetterStream receives the entries that are given up on and the
+	// entries that cannot be decoded. Default: the stream's name followed by
+	// DefaultDeadLetterSuffix. It is never trimmed by the Subscriber.
+	DeadLetterStream string
+	// OrderByKey, when true, hands out entries that carry the same
+	// partition_key one at a time, in the order this subscription received
+	// them: the next only after the previous is acked or dead-lettered. A
+	// nacked entry holds its key until it is redelivered and settled. The
+	// order holds within one subscription only; Redis spreads a group's
+	// entries over its consumers without regard to keys, and reclaimed
+	// entries come back late. See the package documentation.
+	OrderByKey bool
+	// Marshaler turns stream fields into messages; DefaultMarshaler when nil.
+	Marshaler Marshaler
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.Consumer == "" {
+		c.Consumer = defaultConsumerName()
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BlockTime == 0 {
+		c.BlockTime = DefaultBlockTime
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.ClaimIdle == 0 {
+		c.ClaimIdle = DefaultClaimIdle
+	}
+	if c.ClaimInterval == 0 {
+		c.ClaimInterval = DefaultClaimInterval
+	}
+	if c.NackDelay == 0 {
+		c.NackDelay = DefaultNackDelay
+	}
+	if c.Marshaler == nil {
+		c.Marshaler = DefaultMarshaler{}
+	}
+}
+
+// Validate reports the first invalid field as a *ConfigError. It checks the
+// fields as given; NewSubscriber fills in defaults before it validates, so a
+// zero field is valid there.
+func (c SubscriberConfig) Validate() error {
+	if err := c.connection().validate(); err != nil {
+		return err
+	}
+	if c.ConsumerGroup == "" {
+		return invalid("ConsumerGroup", "empty")
+	}
+	if c.BatchSize < 0 {
+		return invalid("BatchSize", "negative (%d)", c.BatchSize)
+	}
+	if c.BlockTime < 0 {
+		return invalid("BlockTime", "negative (%s)", c.BlockTime)
+	}
+	if c.MaxInFlight < 0 {
+		return invalid("MaxInFlight", "negative (%d)", c.MaxInFlight)
+	}
+	if c.ClaimIdle < 0 {
+		return invalid("ClaimIdle", "negative (%s)", c.ClaimIdle)
+	}
+	blockTime := c.BlockTime
+	if blockTime == 0 {
+		blockTime = DefaultBlockTime
+	}
+	if c.ClaimIdle != 0 && c.ClaimIdle < blockTime {
+		return invalid("ClaimIdle", "%s is shorter than BlockTime (%s)", c.ClaimIdle, blockTime)
+	}
+	if c.NackDelay < 0 {
+		return invalid("NackDelay", "negative (%s)", c.NackDelay)
+	}
+	return nil
+}
+
+func (c SubscriberConfig) connection() connection {
+	return connection{client: c.Client, addr: c.Addr, username: c.Username, password: c.Password, db: c.DB, tls: c.TLS}
+}
+
+func (c SubscriberConfig) deadLetterStream(stream string) string {
+	if c.DeadLetterStream != "" {
+		return c.DeadLetterStream
+	}
+	return stream + DefaultDeadLetterSuffix
+}
+
+func defaultConsumerName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "consumer"
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,89 @@
+// Package redis is the Redis Streams transport of omnibus: a Publisher that
+// appends messages to streams with XADD and a consumer-group Subscriber, both
+// on go-redis and both implementing Watermill's message interfaces. It needs
+// Redis 7 or later (XAUTOCLAIM that reports trimmed entries).
+//
+//	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
+//	defer client.Close() // ours to close; the transport never closes it
+//
+//	pub, err := redis.NewPublisher(redis.PublisherConfig{Client: client}, logger)
+//	if err != nil { ... }
+//	defer pub.Close()
+//	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"id":42}`))
+//	bus.SetPartitionKey(msg, "order-42")
+//	err = pub.Publish("orders", msg) // XADD orders * uuid … payload … meta:partition_key order-42
+//
+//	sub, err := redis.NewSubscriber(redis.SubscriberConfig{
+//		Client:        client,
+//		ConsumerGroup: "billing",
+//	}, logger)
+//	if err != nil { ... }
+//	defer sub.Close()
+//	msgs, err := sub.Subscribe(ctx, "orders")
+//	for msg := range msgs {
+//		d, _ := bus.DeliveryOf(msg) // d.Attempts, d.ID (the entry id), d.Source (the stream)
+//		msg.Ack()
+//	}
+//
+// # Entries
+//
+// A message becomes one stream entry with the fields "uuid", "payload" and
+// one "meta:<key>" field per metadata entry (DefaultMarshaler). The stream is
+// StreamPrefix + topic. An entry the Marshaler cannot decode is copied to the
+// dead-letter stream with the reason and acknowledged; it never stops the
+// subscription.
+//
+// # Delivery, retries and dead letters
+//
+// The Subscriber creates its consumer group at the start of the stream
+// (MKSTREAM) when missing, reads with XREADGROUP COUNT BatchSize, keeps up to
+// MaxInFlight entries out at once and acknowledges them with batched XACKs.
+// Delivery is at-least-once.
+//
+// The pending list is the record of truth. The delivery count Redis keeps
+// there is the number of counted attempts plus one, and becomes
+// bus.Delivery.Attempts: a counted failure adds one when the entry is
+// redelivered, a transient failure (bus.Transient) does not, and a reclaim
+// after a consumer died adds one (the dead consumer may have been handling
+// the entry, so an entry that crashes its consumers runs out of attempts).
+//
+// A nacked entry stays pending, owned by the subscription, which redelivers
+// it when its bus.Settlement's RetryAt is due (NackDelay when there is no
+// settlement or no retry time) — in the background, without a tight loop,
+// holding its in-flight slot. While a subscription holds an entry (handler
+// running, retry waiting, queued behind its key) it resets the entry's idle
+// time every ClaimIdle/3, so no other consumer takes it. When a subscription
+// stops it hands what it holds back to the group: claimable at once, or when
+// the retry is due. If the process dies instead, any consumer of the group
+// reclaims the entries with XAUTOCLAIM after ClaimIdle. Nothing is lost
+// either way.
+//
+// A settlement with GiveUp (set by the Retry middleware for a permanent
+// failure or when the attempt budget is spent) copies the entry to the
+// dead-letter stream with its reason, its delivery count and its origin
+// (metadata dead_letter_reason, dead_letter_attempts, dead_letter_stream,
+// dead_letter_id, …) and acknowledges it. Nothing else dead-letters: a plain
+// Nack is redelivered after NackDelay, however often.
+//
+// # Trimming
+//
+// PublisherConfig.MaxLen trims streams approximately (MAXLEN ~). It is off by
+// default, because Redis trims without regard to consumer groups: entries a
+// slow group has not read are lost to it silently, and entries it has read but
+// not acknowledged lose their data. The Subscriber finds the latter when it
+// reclaims or redelivers them, logs each at Error level and counts them in
+// Stats().TrimmedPending; it cannot bring them back.
+//
+// # Ordering
+//
+// A stream is ordered, but a consumer group with several messages in flight
+// is not: entries are handled concurrently, spread over the group's
+// consumers, and a failed entry is retried after the ones behind it. With
+// OrderByKey, a subscription hands out entries with the same partition_key
+// one at a time in stream order (the next after the previous is acked or
+// dead-lettered; a nacked one holds its key until it is done). That holds
+// only within one subscription: with several consumers in the group, Redis
+// gives entries of one key to different consumers, and an entry reclaimed
+// from a dead consumer arrives after later entries of its key. For strict
+// per-key order run one consumer per group, or use the PostgreSQL transport.
+package redis

@@ -1,0 +1,115 @@
+package redis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/omnibus-go/omnibus/internal/testenv"
+	omniredis "github.com/omnibus-go/omnibus/transports/redis"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// env is one test's Redis: the shared client and a key prefix of its own.
+type env struct {
+	t      *testing.T
+	client *goredis.Client
+	prefix string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	return &env{t: t, client: testenv.Redis(t), prefix: testenv.RedisPrefix(t)}
+}
+
+// fastSubscriberConfig returns a config with short timings so tests run in
+// seconds: 100 ms blocks, 1 s claim idle time, 100 ms claim interval.
+func (e *env) fastSubscriberConfig(group string) omniredis.SubscriberConfig {
+	return omniredis.SubscriberConfig{
+		Client:        e.client,
+		StreamPrefix:  e.prefix,
+		ConsumerGroup: group,
+		BlockTime:     100 * time.Millisecond,
+		ClaimIdle:     time.Second,
+		ClaimInterval: 100 * time.Millisecond,
+	}
+}
+
+func (e *env) publisher() *omniredis.Publisher {
+	e.t.Helper()
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: e.client, StreamPrefix: e.prefix}, nil)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+func (e *env) subscriber(cfg omniredis.SubscriberConfig) *omniredis.Subscriber {
+	e.t.Helper()
+	sub, err := omniredis.NewSubscriber(cfg, nil)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func (e *env) subscribe(sub *omniredis.Subscriber, topic string) <-chan *message.Message {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e.t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(e.t, err)
+	return msgs
+}
+
+// publish publishes n messages with payloads "0".."n-1" and returns them.
+func (e *env) publish(pub message.Publisher, topic string, n int) []*message.Message {
+	e.t.Helper()
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte{byte('a' + i%26)})
+	}
+	require.NoError(e.t, pub.Publish(topic, msgs...))
+	return msgs
+}
+
+// receive waits up to timeout for one message.
+func receive(t *testing.T, msgs <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case msg, ok := <-msgs:
+		require.True(t, ok, "messages channel closed while a message was expected")
+		return msg
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}
+
+// pending returns the number of entries in the group's pending list.
+func (e *env) pending(stream, group string) int64 {
+	e.t.Helper()
+	p, err := e.client.XPending(context.Background(), stream, group).Result()
+	require.NoError(e.t, err)
+	return p.Count
+}
+
+// eventually polls cond every 20 ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			if !cond() {
+				t.Fatalf(format, args...)
+			}
+			return
+		}
+	}
+}

@@ -1,0 +1,103 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Field names written by DefaultMarshaler.
+const (
+	// FieldUUID holds the message UUID.
+	FieldUUID = "uuid"
+	// FieldPayload holds the payload bytes, unchanged.
+	FieldPayload = "payload"
+	// FieldMetadataPrefix prefixes one field per metadata entry:
+	// metadata "partition_key" is the field "meta:partition_key".
+	FieldMetadataPrefix = "meta:"
+)
+
+// Metadata keys the Subscriber adds to an entry it copies to the dead-letter
+// stream (as fields FieldMetadataPrefix+key, so a subscriber of the
+// dead-letter stream sees them as metadata).
+const (
+	// KeyDeadLetterReason is the error that made the entry a dead letter.
+	KeyDeadLetterReason = "dead_letter_reason"
+	// KeyDeadLetterAttempts is the number of counted attempts spent.
+	KeyDeadLetterAttempts = "dead_letter_attempts"
+	// KeyDeadLetterStream and KeyDeadLetterID locate the original entry.
+	KeyDeadLetterStream = "dead_letter_stream"
+	KeyDeadLetterID     = "dead_letter_id"
+	// KeyDeadLetterGroup and KeyDeadLetterConsumer say who gave up on it.
+	KeyDeadLetterGroup    = "dead_letter_group"
+	KeyDeadLetterConsumer = "dead_letter_consumer"
+	// KeyDeadLetterAt is when it was dead-lettered (RFC 3339, UTC).
+	KeyDeadLetterAt = "dead_letter_at"
+)
+
+// ErrUndecodable is wrapped by the errors a Marshaler returns for an entry
+// it cannot turn into a message.
+var ErrUndecodable = errors.New("undecodable stream entry")
+
+// Marshaler turns a message into the fields of a stream entry and back.
+type Marshaler interface {
+	// Marshal returns the entry's fields as alternating names and values.
+	Marshal(topic string, msg *message.Message) ([]any, error)
+	// Unmarshal builds a message from an entry's fields. An error makes the
+	// entry a dead letter; it should wrap ErrUndecodable.
+	Unmarshal(fields map[string]any) (*message.Message, error)
+}
+
+// DefaultMarshaler writes the UUID, the payload and one field per metadata
+// entry (see FieldUUID, FieldPayload, FieldMetadataPrefix), so entries read
+// well in redis-cli. Fields it does not know are ignored when reading.
+type DefaultMarshaler struct{}
+
+// Marshal implements Marshaler.
+func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
+	if msg.UUID == "" {
+		return nil, errors.New("message has no UUID")
+	}
+	fields := make([]any, 0, 4+2*len(msg.Metadata))
+	fields = append(fields, FieldUUID, msg.UUID, FieldPayload, []byte(msg.Payload))
+	if len(msg.Metadata) == 0 {
+		return fields, nil
+	}
+	keys := make([]string, 0, len(msg.Metadata))
+	for k := range msg.Metadata {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fields = append(fields, FieldMetadataPrefix+k, msg.Metadata[k])
+	}
+	return fields, nil
+}
+
+// Unmarshal implements Marshaler.
+func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
+	uuid, ok := fields[FieldUUID].(string)
+	if !ok || uuid == "" {
+		return nil, fmt.Errorf("%w: no %q field", ErrUndecodable, FieldUUID)
+	}
+	payload, ok := fields[FieldPayload].(string)
+	if !ok {
+		return nil, fmt.Errorf("%w: no %q field", ErrUndecodable, FieldPayload)
+	}
+	msg := message.NewMessage(uuid, []byte(payload))
+	for k, v := range fields {
+		name, ok := strings.CutPrefix(k, FieldMetadataPrefix)
+		if !ok {
+			continue
+		}
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("%w: field %q is %T, not a string", ErrUndecodable, k, v)
+		}
+		msg.Metadata.Set(name, s)
+	}
+	return msg, nil
+}

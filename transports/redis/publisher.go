@@ -1,0 +1,207 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Publisher appends messages to Redis streams with XADD. It implements
+// watermill's message.Publisher and is safe for concurrent use.
+//
+// A Publish call returns once all its entries are stored, in the order
+// given: a multi-message Publish is one pipeline. Concurrent Publish calls
+// share pipelines (group commit): while one pipeline is on the wire the
+// next calls queue, and go out together in the next round trip, so the
+// number of round trips grows with the number of pipelines in flight, not
+// with the number of callers.
+//
+// Errors that mean Redis could not be reached or could not serve the write
+// for now are marked bus.Transient. A failed Publish may still have stored
+// some of its entries; publishing is at-least-once.
+type Publisher struct {
+	cfg    PublisherConfig
+	client redis.UniversalClient
+	owned  bool
+	logger *slog.Logger
+
+	queue chan *publishRequest
+
+	mu      sync.RWMutex // guards closed against Publish calls in progress
+	closed  bool
+	calls   sync.WaitGroup // Publish calls in progress
+	stop    chan struct{}
+	workers sync.WaitGroup
+	once    sync.Once
+	closeEr error
+}
+
+type publishRequest struct {
+	stream  string
+	entries [][]any
+	done    chan error
+}
+
+// NewPublisher checks cfg and returns a Publisher. A nil logger means no
+// logging.
+func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	client, owned := cfg.connection().open()
+	p := &Publisher{
+		cfg:    cfg,
+		client: client,
+		owned:  owned,
+		logger: bus.LoggerOrNop(logger).With("component", "redis_publisher"),
+		queue:  make(chan *publishRequest, cfg.BatchSize*cfg.Pipelines),
+		stop:   make(chan struct{}),
+	}
+	p.workers.Add(cfg.Pipelines)
+	for range cfg.Pipelines {
+		go p.run()
+	}
+	return p, nil
+}
+
+// Publish appends msgs to the stream of topic (StreamPrefix + topic) and
+// waits until Redis has stored them, or until the first message's context is
+// done (the entries may then still be written).
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	stream := p.cfg.StreamPrefix + topic
+	req := &publishRequest{stream: stream, entries: make([][]any, len(msgs)), done: make(chan error, 1)}
+	for i, msg := range msgs {
+		fields, err := p.cfg.Marshaler.Marshal(topic, msg)
+		if err != nil {
+			return bus.Permanent(fmt.Errorf("marshal message %s for stream %q: %w", msg.UUID, stream, err))
+		}
+		req.entries[i] = fields
+	}
+
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		return ErrClosed
+	}
+	p.calls.Add(1)
+	p.mu.RUnlock()
+	defer p.calls.Done()
+
+	// The first message's context bounds the wait (a handler's deadline, a
+	// relay shutting down); entries already queued may still be written.
+	ctx := msgs[0].Context()
+	if err := ctx.Err(); err != nil {
+		return classify(fmt.Errorf("publish to stream %q: %w", stream, err))
+	}
+	select {
+	case p.queue <- req:
+	case <-ctx.Done():
+		return classify(fmt.Errorf("publish to stream %q: %w", stream, ctx.Err()))
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return classify(fmt.Errorf("publish to stream %q: %w", stream, ctx.Err()))
+	}
+}
+
+// run sends the queued requests, as many as fit in one pipeline at a time.
+func (p *Publisher) run() {
+	defer p.workers.Done()
+	batch := make([]*publishRequest, 0, 64)
+	for {
+		select {
+		case req := <-p.queue:
+			batch = append(batch[:0], req)
+		case <-p.stop:
+			return
+		}
+		n := len(batch[0].entries)
+	fill:
+		for n < p.cfg.BatchSize {
+			select {
+			case req := <-p.queue:
+				batch = append(batch, req)
+				n += len(req.entries)
+			default:
+				break fill
+			}
+		}
+		p.send(batch)
+		clear(batch)
+	}
+}
+
+func (p *Publisher) send(batch []*publishRequest) {
+	ctx := context.Background()
+	if len(batch) == 1 && len(batch[0].entries) == 1 {
+		req := batch[0]
+		err := p.client.XAdd(ctx, p.xaddArgs(req.stream, req.entries[0])).Err()
+		req.done <- p.wrap(req, err)
+		return
+	}
+	pipe := p.client.Pipeline()
+	cmds := make([]*redis.StringCmd, 0, len(batch))
+	for _, req := range batch {
+		for _, fields := range req.entries {
+			cmds = append(cmds, pipe.XAdd(ctx, p.xaddArgs(req.stream, fields)))
+		}
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	i := 0
+	for _, req := range batch {
+		var errs []error
+		for range req.entries {
+			if err := cmds[i].Err(); err != nil {
+				errs = append(errs, err)
+			}
+			i++
+		}
+		req.done <- p.wrap(req, errors.Join(errs...))
+	}
+}
+
+func (p *Publisher) xaddArgs(stream string, fields []any) *redis.XAddArgs {
+	a := &redis.XAddArgs{Stream: stream, Values: fields}
+	if p.cfg.MaxLen > 0 {
+		a.MaxLen = p.cfg.MaxLen
+		a.Approx = true
+	}
+	return a
+}
+
+func (p *Publisher) wrap(req *publishRequest, err error) error {
+	if err == nil {
+		return nil
+	}
+	return classify(fmt.Errorf("publish %d message(s) to stream %q: %w", len(req.entries), req.stream, err))
+}
+
+// Close waits for the Publish calls in progress, then stops. It closes the
+// client only if the Publisher opened it from Addr; a caller's Client stays
+// usable. Close is idempotent.
+func (p *Publisher) Close() error {
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		p.calls.Wait()
+		close(p.stop)
+		p.workers.Wait()
+		if p.owned {
+			p.closeEr = p.client.Close()
+		}
+	})
+	return p.closeEr
+}

@@ -1,0 +1,220 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
+	omniredis "github.com/omnibus-go/omnibus/transports/redis"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// pipelineCounter counts the pipelines and single commands of XADD a client
+// sends (the client's own connection set-up is left out).
+type pipelineCounter struct {
+	mu        sync.Mutex
+	pipelines []int // XADDs per pipeline
+	singles   int
+}
+
+func countXAdds(cmds []goredis.Cmder) int {
+	n := 0
+	for _, c := range cmds {
+		if c.Name() == "xadd" {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *pipelineCounter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *pipelineCounter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		h.mu.Lock()
+		h.singles += countXAdds([]goredis.Cmder{cmd})
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (h *pipelineCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if n := countXAdds(cmds); n > 0 {
+			h.mu.Lock()
+			h.pipelines = append(h.pipelines, n)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func TestPublisher_MultiMessagePublishIsOnePipelineInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	client := testenv.NewRedisClient(t)
+	hook := &pipelineCounter{}
+	client.AddHook(hook)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, StreamPrefix: e.prefix}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	var msgs []*message.Message
+	for range 100 {
+		m := message.NewMessage(watermill.NewUUID(), []byte("payload"))
+		m.Metadata.Set(bus.KeyPartitionKey, "order-1")
+		m.Metadata.Set("x", "y")
+		msgs = append(msgs, m)
+	}
+	require.NoError(t, pub.Publish("orders", msgs...))
+
+	hook.mu.Lock()
+	assert.Equal(t, []int{100}, hook.pipelines, "one Publish of 100 messages must be one pipeline of 100 XADDs")
+	assert.Zero(t, hook.singles)
+	hook.mu.Unlock()
+
+	entries, err := e.client.XRange(context.Background(), e.prefix+"orders", "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 100)
+	for i, entry := range entries {
+		got, err := omniredis.DefaultMarshaler{}.Unmarshal(entry.Values)
+		require.NoError(t, err)
+		assert.Equal(t, msgs[i].UUID, got.UUID, "entry %d out of order", i)
+		assert.Equal(t, "payload", string(got.Payload))
+		assert.Equal(t, "order-1", bus.PartitionKey(got))
+		assert.Equal(t, "y", got.Metadata.Get("x"))
+	}
+}
+
+func TestPublisher_ConcurrentPublishesShareRoundTrips(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	client := testenv.NewRedisClient(t)
+	hook := &pipelineCounter{}
+	client.AddHook(hook)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, StreamPrefix: e.prefix, Pipelines: 1}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	const callers, each = 32, 20
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range each {
+				assert.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x"))))
+			}
+		})
+	}
+	wg.Wait()
+	n, err := e.client.XLen(context.Background(), e.prefix+"orders").Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, callers*each, n)
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	trips := hook.singles + len(hook.pipelines)
+	assert.Less(t, trips, callers*each, "concurrent Publish calls never shared a round trip")
+}
+
+func TestPublisher_MaxLenTrimsApproximately(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: e.client, StreamPrefix: e.prefix, MaxLen: 100}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	for range 10 {
+		e.publish(pub, "orders", 100)
+	}
+	n, err := e.client.XLen(context.Background(), e.prefix+"orders").Result()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, int64(100))
+	assert.Less(t, n, int64(1000), "MaxLen did not trim")
+}
+
+func TestPublisher_ConnectionRefusedIsTransient(t *testing.T) {
+	t.Parallel()
+	client := goredis.NewClient(&goredis.Options{Addr: closedAddr(t), MaxRetries: -1, DialTimeout: time.Second})
+	defer client.Close()
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	for _, n := range []int{1, 3} {
+		var msgs []*message.Message
+		for range n {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte("x")))
+		}
+		err := pub.Publish("orders", msgs...)
+		require.Error(t, err)
+		assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "connection refused must be transient: %v", err)
+	}
+}
+
+func TestClose_LeavesCallersClientUsable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	client := testenv.NewRedisClient(t)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, StreamPrefix: e.prefix}, nil)
+	require.NoError(t, err)
+	cfg := e.fastSubscriberConfig("billing")
+	cfg.Client = client
+	sub, err := omniredis.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	e.publish(pub, "orders", 1)
+	receive(t, msgs, 5*time.Second).Ack()
+
+	for range 2 { // Close is idempotent
+		require.NoError(t, pub.Close())
+		require.NoError(t, sub.Close())
+	}
+	_, open := <-msgs
+	assert.False(t, open, "messages channel open after Close")
+	assert.NoError(t, client.Ping(ctx).Err(), "the caller's client was closed")
+	assert.NoError(t, client.XAdd(ctx, &goredis.XAddArgs{Stream: e.prefix + "orders", Values: []any{"a", "b"}}).Err())
+
+	assert.True(t, errors.Is(pub.Publish("orders", message.NewMessage(watermill.NewUUID(), nil)), omniredis.ErrClosed))
+	_, err = sub.Subscribe(ctx, "orders")
+	assert.True(t, errors.Is(err, omniredis.ErrClosed))
+}
+
+func TestAddr_OpensAndClosesItsOwnClient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Addr: testenv.RedisAddr(), StreamPrefix: e.prefix}, nil)
+	require.NoError(t, err)
+	sub, err := omniredis.NewSubscriber(omniredis.SubscriberConfig{
+		Addr: testenv.RedisAddr(), StreamPrefix: e.prefix, ConsumerGroup: "billing", BlockTime: 100 * time.Millisecond,
+	}, nil)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), "orders")
+	require.NoError(t, err)
+	published := e.publish(pub, "orders", 1)
+	msg := receive(t, msgs, 5*time.Second)
+	assert.Equal(t, published[0].UUID, msg.UUID)
+	msg.Ack()
+	require.NoError(t, pub.Close())
+	require.NoError(t, sub.Close())
+}
+
+// closedAddr returns an address on which nothing listens: connecting to it
+// is refused.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}

@@ -1,0 +1,389 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/omnibus-go/omnibus/bus"
+	omniredis "github.com/omnibus-go/omnibus/transports/redis"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSubscriber_ReclaimsEntriesOfADeadConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const topic, group = "orders", "billing"
+	stream := e.prefix + topic
+
+	sub := e.subscriber(e.fastSubscriberConfig(group))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	published := e.publish(e.publisher(), topic, 20)
+
+	// A consumer reads half the entries and dies without acking them.
+	readAt := time.Now()
+	res, err := e.client.XReadGroup(ctx, &goredis.XReadGroupArgs{
+		Group: group, Consumer: "dead", Streams: []string{stream, ">"}, Count: 10,
+	}).Result()
+	require.NoError(t, err)
+	require.Len(t, res[0].Messages, 10)
+	deadIDs := map[string]bool{}
+	for _, xm := range res[0].Messages {
+		deadIDs[xm.ID] = true
+	}
+
+	msgs := e.subscribe(sub, topic)
+	got := map[string]bus.Delivery{}
+	for len(got) < len(published) {
+		msg := receive(t, msgs, 10*time.Second)
+		d, ok := bus.DeliveryOf(msg)
+		require.True(t, ok, "message carries no Delivery")
+		if deadIDs[d.ID] {
+			assert.GreaterOrEqual(t, time.Since(readAt), time.Second,
+				"entry %s of the dead consumer was reclaimed before ClaimIdle (1s)", d.ID)
+		}
+		got[msg.UUID] = d
+		msg.Ack()
+	}
+
+	for _, m := range published {
+		d, ok := got[m.UUID]
+		require.True(t, ok, "message %s was lost", m.UUID)
+		want := 0
+		if deadIDs[d.ID] {
+			want = 1 // the dead consumer's delivery counts
+		}
+		assert.Equal(t, want, d.Attempts, "attempts of entry %s", d.ID)
+		assert.Equal(t, stream, d.Source)
+		assert.Equal(t, topic, d.Topic)
+	}
+	assert.EqualValues(t, 10, sub.Stats().Reclaimed)
+	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
+		"entries still pending after every message was acked")
+}
+
+func TestSubscriber_CloseHandsHeldEntriesBackAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group = "orders", "billing"
+
+	cfg := e.fastSubscriberConfig(group)
+	cfg.ClaimIdle = time.Minute // a reclaim by idle time would take a minute
+	cfg.MaxInFlight = 4
+	first := e.subscriber(cfg)
+	require.NoError(t, first.SubscribeInitialize(topic))
+	published := e.publish(e.publisher(), topic, 10)
+
+	msgs := e.subscribe(first, topic)
+	held := receive(t, msgs, 5*time.Second) // handed out, never acked
+	_ = held
+	eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 4 },
+		"the first subscriber should hold MaxInFlight (4) entries")
+	require.NoError(t, first.Close())
+
+	second := e.subscriber(cfg)
+	msgs = e.subscribe(second, topic)
+	seen := map[string]bool{}
+	for len(seen) < len(published) {
+		msg := receive(t, msgs, 5*time.Second) // well below ClaimIdle
+		d, _ := bus.DeliveryOf(msg)
+		assert.Equal(t, 0, d.Attempts, "an interrupted delivery must not count as an attempt")
+		seen[msg.UUID] = true
+		msg.Ack()
+	}
+}
+
+func TestSubscriber_NackWithSettlementDelayRedeliversLaterThenDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const topic, group = "orders", "billing"
+	stream := e.prefix + topic
+	const delay = 200 * time.Millisecond
+	const budget = 3
+
+	sub := e.subscriber(e.fastSubscriberConfig(group))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	pub := e.publisher()
+	poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
+	poison.Metadata.Set("k", "v")
+	require.NoError(t, pub.Publish(topic, poison))
+
+	msgs := e.subscribe(sub, topic)
+	var entryID string
+	var lastNack time.Time
+	for attempt := range budget {
+		msg := receive(t, msgs, 5*time.Second)
+		require.Equal(t, poison.UUID, msg.UUID)
+		d, _ := bus.DeliveryOf(msg)
+		if attempt > 0 {
+			assert.GreaterOrEqual(t, time.Since(lastNack), delay,
+				"redelivered sooner than the settlement's retry time")
+			assert.Equal(t, entryID, d.ID, "redelivery of another entry")
+		}
+		entryID = d.ID
+		assert.Equal(t, attempt, d.Attempts, "delivery count must grow with each counted failure")
+		assert.EqualValues(t, attempt+1, pendingDeliveries(t, e, stream, group, d.ID))
+
+		st := bus.Settlement{Class: bus.ClassCounted, Error: fmt.Sprintf("boom %d", attempt)}
+		if attempt == budget-1 {
+			st.GiveUp = true
+			st.Error = "boom: budget spent"
+		} else {
+			st.RetryAt = time.Now().Add(delay)
+		}
+		require.True(t, bus.Settle(msg, st))
+		lastNack = time.Now()
+		msg.Nack()
+	}
+
+	deadLetter := stream + omniredis.DefaultDeadLetterSuffix
+	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
+		"a given-up entry must no longer be pending")
+	entries, err := e.client.XRange(ctx, deadLetter, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "dead-letter stream %s", deadLetter)
+	dl, err := omniredis.DefaultMarshaler{}.Unmarshal(entries[0].Values)
+	require.NoError(t, err)
+	assert.Equal(t, poison.UUID, dl.UUID)
+	assert.Equal(t, "poison", string(dl.Payload))
+	assert.Equal(t, "v", dl.Metadata.Get("k"))
+	assert.Equal(t, "boom: budget spent", dl.Metadata.Get(omniredis.KeyDeadLetterReason))
+	assert.Equal(t, strconv.Itoa(budget), dl.Metadata.Get(omniredis.KeyDeadLetterAttempts))
+	assert.Equal(t, stream, dl.Metadata.Get(omniredis.KeyDeadLetterStream))
+	assert.Equal(t, entryID, dl.Metadata.Get(omniredis.KeyDeadLetterID))
+	assert.Equal(t, group, dl.Metadata.Get(omniredis.KeyDeadLetterGroup))
+	assert.EqualValues(t, 1, sub.Stats().DeadLettered)
+
+	select {
+	case msg := <-msgs:
+		t.Fatalf("dead-lettered message %s delivered again", msg.UUID)
+	case <-time.After(2 * delay):
+	}
+}
+
+func TestSubscriber_TransientNackSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group = "orders", "billing"
+	sub := e.subscriber(e.fastSubscriberConfig(group))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, 1)
+	msgs := e.subscribe(sub, topic)
+
+	for range 3 {
+		msg := receive(t, msgs, 5*time.Second)
+		d, _ := bus.DeliveryOf(msg)
+		require.Equal(t, 0, d.Attempts, "a transient failure spent an attempt")
+		bus.Settle(msg, bus.Settlement{Class: bus.ClassTransient, RetryAt: time.Now().Add(20 * time.Millisecond), Error: "broker down"})
+		msg.Nack()
+	}
+	msg := receive(t, msgs, 5*time.Second)
+	d, _ := bus.DeliveryOf(msg)
+	assert.Equal(t, 0, d.Attempts)
+	msg.Ack()
+}
+
+func TestSubscriber_PlainNackRedeliversAfterNackDelayAndNeverDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const topic, group = "orders", "billing"
+	stream := e.prefix + topic
+	cfg := e.fastSubscriberConfig(group)
+	cfg.NackDelay = 150 * time.Millisecond
+	sub := e.subscriber(cfg)
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, 1)
+	msgs := e.subscribe(sub, topic)
+
+	var last time.Time
+	for i := range 6 {
+		msg := receive(t, msgs, 5*time.Second)
+		d, _ := bus.DeliveryOf(msg)
+		require.Equal(t, i, d.Attempts)
+		if i > 0 {
+			assert.GreaterOrEqual(t, time.Since(last), cfg.NackDelay, "redelivered before NackDelay")
+		}
+		last = time.Now()
+		if i == 5 {
+			msg.Ack()
+			break
+		}
+		msg.Nack()
+	}
+	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "acked entry still pending")
+	n, err := e.client.Exists(ctx, stream+omniredis.DefaultDeadLetterSuffix).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "a plain nack must never dead-letter")
+}
+
+func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group = "orders", "billing"
+	cfg := e.fastSubscriberConfig(group) // ClaimIdle 1s
+	slow := e.subscriber(cfg)
+	require.NoError(t, slow.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, 1)
+	msg := receive(t, e.subscribe(slow, topic), 5*time.Second)
+
+	other := e.subscriber(cfg)
+	stolen := e.subscribe(other, topic)
+	select {
+	case m := <-stolen:
+		t.Fatalf("entry %s reclaimed from a live subscriber whose handler runs past ClaimIdle", m.UUID)
+	case <-time.After(2500 * time.Millisecond):
+	}
+	msg.Ack()
+	eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
+}
+
+func TestSubscriber_UndecodableEntryGoesToDeadLetterStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const topic, group = "orders", "billing"
+	stream := e.prefix + topic
+	sub := e.subscriber(e.fastSubscriberConfig(group))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+
+	badID, err := e.client.XAdd(ctx, &goredis.XAddArgs{Stream: stream, Values: []any{"foo", "bar"}}).Result()
+	require.NoError(t, err)
+	good := e.publish(e.publisher(), topic, 1)[0]
+
+	msg := receive(t, e.subscribe(sub, topic), 5*time.Second)
+	assert.Equal(t, good.UUID, msg.UUID)
+	msg.Ack()
+
+	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "entries still pending")
+	entries, err := e.client.XRange(ctx, stream+omniredis.DefaultDeadLetterSuffix, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	v := entries[0].Values
+	assert.Equal(t, "bar", v["foo"])
+	assert.Equal(t, badID, v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterID])
+	assert.Contains(t, v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterReason], "undecodable")
+	assert.EqualValues(t, 1, sub.Stats().Undecodable)
+}
+
+func TestSubscriber_TrimmedPendingEntryIsReported(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const topic, group = "orders", "billing"
+	stream := e.prefix + topic
+	sub := e.subscriber(e.fastSubscriberConfig(group))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	published := e.publish(e.publisher(), topic, 3)
+
+	res, err := e.client.XReadGroup(ctx, &goredis.XReadGroupArgs{
+		Group: group, Consumer: "dead", Streams: []string{stream, ">"}, Count: 3,
+	}).Result()
+	require.NoError(t, err)
+	require.NoError(t, e.client.XDel(ctx, stream, res[0].Messages[0].ID).Err())
+
+	msgs := e.subscribe(sub, topic)
+	for range 2 {
+		msg := receive(t, msgs, 10*time.Second)
+		assert.NotEqual(t, published[0].UUID, msg.UUID)
+		msg.Ack()
+	}
+	eventually(t, 5*time.Second, func() bool { return sub.Stats().TrimmedPending == 1 },
+		"trimmed pending entry not reported (TrimmedPending = %d)", sub.Stats().TrimmedPending)
+	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "entries still pending")
+}
+
+func TestSubscriber_OrderByKeyHandsOutOneAtATimeInStreamOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group = "orders", "billing"
+	cfg := e.fastSubscriberConfig(group)
+	cfg.OrderByKey = true
+	cfg.NackDelay = 10 * time.Millisecond
+	sub := e.subscriber(cfg)
+	require.NoError(t, sub.SubscribeInitialize(topic))
+
+	const keys, perKey = 5, 40
+	var batch []*message.Message
+	want := map[string][]string{}
+	for i := range keys * perKey {
+		key := "key-" + strconv.Itoa(i%keys)
+		m := message.NewMessage(watermill.NewUUID(), []byte(key))
+		bus.SetPartitionKey(m, key)
+		batch = append(batch, m)
+		want[key] = append(want[key], m.UUID)
+	}
+	require.NoError(t, e.publisher().Publish(topic, batch...))
+
+	msgs := e.subscribe(sub, topic)
+	var mu sync.Mutex
+	busy := map[string]bool{}
+	got := map[string][]string{}
+	nacked := map[string]bool{}
+	var wg sync.WaitGroup
+	done := 0
+	for done < keys*perKey {
+		msg := receive(t, msgs, 10*time.Second)
+		key := bus.PartitionKey(msg)
+		mu.Lock()
+		require.False(t, busy[key], "two messages of key %s out at once", key)
+		busy[key] = true
+		// Nack every seventh message once: its key must wait for it.
+		nack := !nacked[msg.UUID] && len(got[key])%7 == 3
+		if nack {
+			nacked[msg.UUID] = true
+		} else {
+			got[key] = append(got[key], msg.UUID)
+			done++
+		}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // handler work
+			mu.Lock()
+			busy[key] = false
+			mu.Unlock()
+			if nack {
+				msg.Nack()
+			} else {
+				msg.Ack()
+			}
+		}()
+	}
+	wg.Wait()
+	for key, ids := range want {
+		assert.True(t, slices.Equal(ids, got[key]), "key %s handled out of stream order", key)
+	}
+}
+
+func TestSubscriber_SubscribeAfterCloseFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	sub := e.subscriber(e.fastSubscriberConfig("g"))
+	require.NoError(t, sub.Close())
+	_, err := sub.Subscribe(context.Background(), "orders")
+	assert.True(t, errors.Is(err, omniredis.ErrClosed), "Subscribe after Close: %v", err)
+}
+
+func pendingDeliveries(t *testing.T, e *env, stream, group, id string) int64 {
+	t.Helper()
+	p, err := e.client.XPendingExt(context.Background(), &goredis.XPendingExtArgs{
+		Stream: stream, Group: group, Start: id, End: id, Count: 1,
+	}).Result()
+	require.NoError(t, err)
+	require.Len(t, p, 1, "entry %s not pending", id)
+	return p[0].RetryCount
+}
