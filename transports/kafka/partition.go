@@ -285,6 +285,13 @@ func (w *partitionWorker) deliver(r *record) {
 		case <-msg.Nacked():
 		case <-ctx.Done():
 			cancel()
+			// An ack that raced with the release still counts: it is
+			// marked before the partition is let go.
+			select {
+			case <-msg.Acked():
+				w.results <- r
+			default:
+			}
 			return
 		}
 		cancel() // the message is settled: its context ends

@@ -1,0 +1,127 @@
+package kafka_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+)
+
+// TestSubscriber_GiveUpGoesToDeadLetterTopic fails one message until its
+// budget runs out (as the Retry middleware would settle it): it lands on the
+// dead-letter topic with the error, attempt count and origin, and the
+// messages after it in its partition, of its own key too, go on.
+func TestSubscriber_GiveUpGoesToDeadLetterTopic(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Kafka(t)
+	topic := testenv.KafkaTopic(t, brokers, 2)
+
+	poison := message.NewMessage(watermill.NewUUID(), []byte("poison"))
+	after := message.NewMessage(watermill.NewUUID(), []byte("after"))
+	other := message.NewMessage(watermill.NewUUID(), []byte("other"))
+	for _, m := range []*message.Message{poison, after} {
+		bus.SetPartitionKey(m, "order-1")
+	}
+	bus.SetPartitionKey(other, "order-2")
+	pub := newPublisher(t, testPublisherConfig(brokers))
+	require.NoError(t, pub.Publish(topic, poison, after, other))
+
+	cfg := testSubscriberConfig(brokers, groupName(t))
+	cfg.MaxAttempts = 3
+	sub := newSubscriber(t, cfg)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+
+	var poisonAttempts []int
+	var poisonDelivery bus.Delivery
+	gotAfter, gotOther := false, false
+	for !gotAfter || !gotOther {
+		m := receive(t, msgs, 30*time.Second, "subscriber")
+		d, ok := bus.DeliveryOf(m)
+		require.True(t, ok, "no Delivery in the message context")
+		switch m.UUID {
+		case poison.UUID:
+			require.False(t, gotAfter, "a later message of the key was delivered before the poison message was settled")
+			poisonAttempts = append(poisonAttempts, d.Attempts)
+			poisonDelivery = d
+			s := bus.Settlement{Class: bus.ClassCounted, Error: "poison pill: cannot bill order-1"}
+			s.GiveUp = d.Attempts+1 >= d.MaxAttempts
+			bus.Settle(m, s)
+			m.Nack()
+		case after.UUID:
+			gotAfter = true
+			m.Ack()
+		case other.UUID:
+			gotOther = true
+			m.Ack()
+		}
+	}
+	assert.Equal(t, []int{0, 1, 2}, poisonAttempts, "attempts seen by the poison message's deliveries")
+
+	dl := consumeRaw(t, brokers, kafka.DeadLetterTopicFor("", topic), 1, 30*time.Second)[0]
+	assert.Equal(t, "order-1", string(dl.Key))
+	assert.Equal(t, "poison", string(dl.Value))
+	assert.Equal(t, poison.UUID, header(dl, kafka.HeaderUUID))
+	assert.Equal(t, kafka.DeadLetterReasonGaveUp, header(dl, kafka.HeaderDeadLetterReason))
+	assert.Equal(t, "poison pill: cannot bill order-1", header(dl, kafka.HeaderDeadLetterError))
+	assert.Equal(t, "3", header(dl, kafka.HeaderDeadLetterAttempts))
+	assert.Equal(t, "counted", header(dl, kafka.HeaderDeadLetterClass))
+	assert.Equal(t, topic, header(dl, kafka.HeaderDeadLetterTopic))
+	assert.Equal(t, strconv.Itoa(int(poisonDelivery.Partition)), header(dl, kafka.HeaderDeadLetterPartition))
+	assert.Equal(t, strconv.FormatInt(poisonDelivery.Offset, 10), header(dl, kafka.HeaderDeadLetterOffset))
+	assert.Equal(t, cfg.ConsumerGroup, header(dl, kafka.HeaderDeadLetterGroup))
+	assert.Equal(t, "order-1", header(dl, bus.KeyPartitionKey), "original headers are kept")
+}
+
+// TestSubscriber_UndecodableRecordGoesToDeadLetterTopic writes a record
+// whose UUID header is empty: it is dead-lettered with the decoding error,
+// never delivered, and the next record of its partition is.
+func TestSubscriber_UndecodableRecordGoesToDeadLetterTopic(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Kafka(t)
+	topic := testenv.KafkaTopic(t, brokers, 1)
+
+	sc := sarama.NewConfig()
+	sc.Producer.Return.Successes = true
+	raw, err := sarama.NewSyncProducer(brokers, sc)
+	require.NoError(t, err)
+	defer func() { _ = raw.Close() }()
+	_, badOffset, err := raw.SendMessage(&sarama.ProducerMessage{
+		Topic:   topic,
+		Key:     sarama.StringEncoder("k"),
+		Value:   sarama.StringEncoder("garbled"),
+		Headers: []sarama.RecordHeader{{Key: []byte(kafka.HeaderUUID), Value: nil}},
+	})
+	require.NoError(t, err)
+	good := message.NewMessage(watermill.NewUUID(), []byte("good"))
+	bus.SetPartitionKey(good, "k")
+	require.NoError(t, newPublisher(t, testPublisherConfig(brokers)).Publish(topic, good))
+
+	cfg := testSubscriberConfig(brokers, groupName(t))
+	cfg.DeadLetterTopic = "dead.{topic}"
+	sub := newSubscriber(t, cfg)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	m := receive(t, msgs, 30*time.Second, "subscriber")
+	assert.Equal(t, good.UUID, m.UUID, "the first message delivered is the one after the undecodable record")
+	m.Ack()
+
+	dl := consumeRaw(t, brokers, "dead."+topic, 1, 30*time.Second)[0]
+	assert.Equal(t, "garbled", string(dl.Value))
+	assert.Equal(t, kafka.DeadLetterReasonUndecodable, header(dl, kafka.HeaderDeadLetterReason))
+	assert.True(t, strings.Contains(header(dl, kafka.HeaderDeadLetterError), kafka.ErrUndecodable.Error()),
+		"dead letter error %q does not say why", header(dl, kafka.HeaderDeadLetterError))
+	assert.Equal(t, strconv.FormatInt(badOffset, 10), header(dl, kafka.HeaderDeadLetterOffset))
+	assert.Equal(t, "0", header(dl, kafka.HeaderDeadLetterAttempts))
+}

@@ -1,0 +1,103 @@
+package kafka_test
+
+import (
+	"testing"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+)
+
+// consumed turns a produced record into the record a consumer would read.
+func consumed(t *testing.T, pm *sarama.ProducerMessage, offset int64) *sarama.ConsumerMessage {
+	t.Helper()
+	rec := &sarama.ConsumerMessage{Topic: pm.Topic, Partition: 3, Offset: offset}
+	if pm.Key != nil {
+		k, err := pm.Key.Encode()
+		require.NoError(t, err)
+		rec.Key = k
+	}
+	if pm.Value != nil {
+		v, err := pm.Value.Encode()
+		require.NoError(t, err)
+		rec.Value = v
+	}
+	for _, h := range pm.Headers {
+		rec.Headers = append(rec.Headers, &sarama.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	return rec
+}
+
+func TestMarshaler_RoundTripKeepsUUIDMetadataPayloadAndKey(t *testing.T) {
+	t.Parallel()
+	msg := message.NewMessage("6a0e1c44-4b1e-4df5-9a43-3f9a1f1d1e11", []byte("payload"))
+	bus.SetPartitionKey(msg, "order-7")
+	bus.SetEventType(msg, "order.paid")
+	msg.Metadata.Set("custom", "value")
+
+	pm, err := kafka.DefaultMarshaler{}.Marshal("orders", msg)
+	require.NoError(t, err)
+	key, _ := pm.Key.Encode()
+	assert.Equal(t, "order-7", string(key), "the partition key is the record key")
+
+	got, err := kafka.DefaultMarshaler{}.Unmarshal(consumed(t, pm, 42))
+	require.NoError(t, err)
+	assert.Equal(t, msg.UUID, got.UUID)
+	assert.Equal(t, msg.Payload, got.Payload)
+	assert.Equal(t, msg.Metadata, got.Metadata)
+}
+
+func TestMarshaler_ForeignRecordGetsStableUUIDAndKeyAsPartitionKey(t *testing.T) {
+	t.Parallel()
+	rec := &sarama.ConsumerMessage{Topic: "t", Partition: 1, Offset: 9, Key: []byte("k1"), Value: []byte("v")}
+	a, err := kafka.DefaultMarshaler{}.Unmarshal(rec)
+	require.NoError(t, err)
+	b, err := kafka.DefaultMarshaler{}.Unmarshal(rec)
+	require.NoError(t, err)
+	assert.NotEmpty(t, a.UUID)
+	assert.Equal(t, a.UUID, b.UUID, "every delivery of a record carries the same UUID")
+	assert.Equal(t, "k1", bus.PartitionKey(a))
+
+	other := *rec
+	other.Offset = 10
+	c, err := kafka.DefaultMarshaler{}.Unmarshal(&other)
+	require.NoError(t, err)
+	assert.NotEqual(t, a.UUID, c.UUID, "another record gets another UUID")
+
+	binKey := *rec
+	binKey.Key = []byte{0xff, 0x00}
+	d, err := kafka.DefaultMarshaler{}.Unmarshal(&binKey)
+	require.NoError(t, err, "a binary key is not an error")
+	assert.Empty(t, bus.PartitionKey(d))
+}
+
+func TestMarshaler_UndecodableHeaders(t *testing.T) {
+	t.Parallel()
+	h := func(k, v string) *sarama.RecordHeader { return &sarama.RecordHeader{Key: []byte(k), Value: []byte(v)} }
+	cases := map[string][]*sarama.RecordHeader{
+		"empty header name":          {h("", "x")},
+		"header name not UTF-8":      {h("\xff", "x")},
+		"header value not UTF-8":     {h("k", "\xfe\xff")},
+		"empty UUID":                 {h(kafka.HeaderUUID, "")},
+		"UUID repeated with changes": {h(kafka.HeaderUUID, "a"), h(kafka.HeaderUUID, "b")},
+	}
+	for name, headers := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := kafka.DefaultMarshaler{}.Unmarshal(&sarama.ConsumerMessage{Topic: "t", Headers: headers})
+			assert.ErrorIs(t, err, kafka.ErrUndecodable)
+		})
+	}
+}
+
+func TestMarshaler_ReservedMetadataKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	msg := message.NewMessage("id", nil)
+	msg.Metadata.Set(kafka.HeaderUUID, "spoofed")
+	_, err := kafka.DefaultMarshaler{}.Marshal("t", msg)
+	assert.Error(t, err)
+}
