@@ -57,7 +57,7 @@ type fetchResult struct {
 // settleOp is the settlement of one row.
 type settleOp struct {
 	id      int64
-	op      byte // 'a' ack, 'n' nack, 'r' release
+	op      byte // 'a' ack, 'n' nack, 'p' plain nack, 'r' release
 	inc     int
 	giveUp  bool
 	retryAt *time.Time
@@ -178,7 +178,7 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	errs := make([]*string, len(ops))
 	for i, o := range ops {
 		ids[i], kinds[i], incs[i], giveUps[i], retryAts[i] = o.id, string(o.op), int32(o.inc), o.giveUp, o.retryAt
-		if o.op == 'n' {
+		if o.op == 'n' || o.op == 'p' {
 			msg := o.err
 			errs[i] = &msg
 		}
@@ -214,11 +214,16 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
 	}
 	if len(locked) > 0 {
-		lg, lt, lk := laneArrays(locked)
-		var gone int64
-		if err := tx.QueryRow(ctx, e.q.reconcile, lg, lt, lk, e.block).Scan(&gone, &readyNow); err != nil {
-			return lanes, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
+		var empty []laneKey
+		empty, readyNow, err = e.recompute(ctx, tx, locked)
+		if err != nil {
+			return lanes, 0, err
 		}
+		back, err := e.deleteEmpty(ctx, tx, empty)
+		if err != nil {
+			return lanes, 0, err
+		}
+		readyNow += int64(back)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
@@ -248,6 +253,80 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
 	}
 	return retry, readyNow, nil
+}
+
+// recompute sets the next ready time of locked lanes from their rows and
+// returns the lanes that have no pending rows left.
+func (e *engine) recompute(ctx context.Context, tx pgx.Tx, locked []laneKey) (empty []laneKey, readyNow int64, err error) {
+	lg, lt, lk := laneArrays(locked)
+	rows, err := tx.Query(ctx, e.q.reconcile, lg, lt, lk, e.block)
+	if err != nil {
+		return nil, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			isEmpty bool
+			g, t, k *string
+		)
+		if err := rows.Scan(&isEmpty, &g, &t, &k); err != nil {
+			return nil, 0, fmt.Errorf("reconcile lanes of %q: scan: %w", e.q.table, err)
+		}
+		if isEmpty {
+			empty = append(empty, laneKey{group: *g, topic: *t, key: *k})
+		} else {
+			readyNow++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
+	}
+	return empty, readyNow, nil
+}
+
+// deleteEmpty deletes lanes found empty, under a lock no writer holds a share
+// of, after checking again that they are empty; the others are given back ready.
+func (e *engine) deleteEmpty(ctx context.Context, tx pgx.Tx, empty []laneKey) (back int, err error) {
+	if len(empty) == 0 {
+		return 0, nil
+	}
+	g, t, k := laneArrays(empty)
+	rows, err := tx.Query(ctx, e.q.lockEmpty, e.worker, g, t, k)
+	if err != nil {
+		return 0, fmt.Errorf("delete empty lanes of %q: lock: %w", e.q.table, err)
+	}
+	lockedEmpty, err := scanLanes(rows)
+	if err != nil {
+		return 0, fmt.Errorf("delete empty lanes of %q: lock: %w", e.q.table, err)
+	}
+	gone := map[laneKey]bool{}
+	if len(lockedEmpty) > 0 {
+		lg, lt, lk := laneArrays(lockedEmpty)
+		rows, err := tx.Query(ctx, e.q.deleteEmpty, lg, lt, lk)
+		if err != nil {
+			return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
+		}
+		deleted, err := scanLanes(rows)
+		if err != nil {
+			return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
+		}
+		for _, d := range deleted {
+			gone[d] = true
+		}
+	}
+	var ready []laneKey
+	for _, l := range empty {
+		if !gone[l] {
+			ready = append(ready, l)
+		}
+	}
+	if len(ready) > 0 {
+		bg, bt, bk := laneArrays(ready)
+		if _, err := tx.Exec(ctx, e.q.readyLanes, e.worker, bg, bt, bk); err != nil {
+			return 0, fmt.Errorf("give back lanes of %q: %w", e.q.table, err)
+		}
+	}
+	return len(ready), nil
 }
 
 // extend renews the leases of in-flight rows and of their lanes.

@@ -18,6 +18,9 @@ type queries struct {
 	lockLanes    string
 	ownedLanes   string
 	reconcile    string
+	lockEmpty    string
+	deleteEmpty  string
+	readyLanes   string
 	extendRows   string
 	extendLanes  string
 	sweep        string
@@ -61,7 +64,7 @@ SELECT u.event_id, $1, u.partition_key, u.event_type, u.payload, u.metadata, u.m
 FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::int[], $8::timestamptz[])
      WITH ORDINALITY AS u(event_id, partition_key, event_type, payload, metadata, max_attempts, scheduled_at, ord)
 ORDER BY u.ord
-ON CONFLICT (event_id) DO NOTHING`)
+ON CONFLICT (event_id, topic) DO NOTHING`)
 
 	q.insertInbox = build(`
 INSERT INTO {T} (message_id, consumer_group, event_id, topic, partition_key, event_type, payload, metadata, max_attempts)
@@ -93,7 +96,7 @@ WITH lane AS (
       AND ($6::text IS NULL OR l.topic = $6){LANEGROUP}
     ORDER BY l.ready_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), line AS (
     SELECT lane.topic, lane.partition_key, r.id, r.deliverable
     FROM lane CROSS JOIN LATERAL (
@@ -152,7 +155,10 @@ FROM leased`,
 
 	// Settlement of many rows in one statement, guarded by the lease so a
 	// worker whose lease was taken over never clobbers the new holder's row.
-	// op: a = ack, n = nack, r = release (give the row back untouched).
+	// op: a = ack, n = nack (may fail the row), p = plain nack (counts an
+	// attempt, keeps the row pending: a Nack without a settlement means
+	// "deliver again", as everywhere in Watermill), r = release (give the row
+	// back untouched).
 	q.settle = build(`
 UPDATE {T} t SET
     status = CASE
@@ -161,7 +167,7 @@ UPDATE {T} t SET
         ELSE t.status END,
     completed_at = CASE WHEN u.op = 'a' THEN now() ELSE t.completed_at END,
     attempts     = t.attempts + u.inc,
-    last_error   = CASE WHEN u.op = 'n' THEN u.err ELSE t.last_error END,
+    last_error   = CASE WHEN u.op IN ('n', 'p') THEN u.err ELSE t.last_error END,
     scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
     locked_by    = NULL,
     locked_until = NULL
@@ -179,7 +185,7 @@ FROM {L} l
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
   ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
 WHERE l.locked_by = $1
-FOR UPDATE OF l SKIP LOCKED`)
+FOR NO KEY UPDATE OF l SKIP LOCKED`)
 
 	q.ownedLanes = build(`
 SELECT l.consumer_group, l.topic, l.partition_key
@@ -216,12 +222,6 @@ WITH k AS (
             WHERE f.topic = k.topic AND f.partition_key = k.partition_key{G_FK}
               AND f.status = 'failed' AND (h.id IS NULL OR f.id < h.id)) AS blocked
     ) b ON true
-), gone AS (
-    DELETE FROM {L} l
-    USING state s
-    WHERE l.consumer_group = s.consumer_group AND l.topic = s.topic AND l.partition_key = s.partition_key
-      AND s.head_id IS NULL AND s.delayed_min IS NULL
-    RETURNING 1
 ), kept AS (
     UPDATE {L} l
     SET locked_by = NULL, locked_until = NULL, blocked = s.blocked,
@@ -232,10 +232,45 @@ WITH k AS (
       AND NOT (s.head_id IS NULL AND s.delayed_min IS NULL)
     RETURNING l.ready_at
 )
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM kept WHERE ready_at <= now())`,
+SELECT true AS empty, s.consumer_group, s.topic, s.partition_key
+FROM state s WHERE s.head_id IS NULL AND s.delayed_min IS NULL
+UNION ALL
+SELECT false, NULL, NULL, NULL FROM kept WHERE ready_at <= now()`,
 		"{G_TK}", g("t", "k"),
 		"{G_FK}", g("f", "k"),
 	)
+
+	// Lanes found empty are deleted only under a FOR UPDATE lock, which a
+	// writer's KEY SHARE lock keeps us from taking while its row is not yet
+	// committed; and the emptiness is checked again in this later statement,
+	// whose snapshot sees every writer that held the lock before us.
+	q.lockEmpty = build(`
+SELECT l.consumer_group, l.topic, l.partition_key
+FROM {L} l
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
+  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+WHERE l.locked_by = $1
+FOR UPDATE OF l SKIP LOCKED`)
+
+	q.deleteEmpty = build(`
+DELETE FROM {L} l
+USING unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
+WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+  AND NOT EXISTS (
+      SELECT 1 FROM {T} t
+      WHERE t.topic = k.topic AND t.partition_key = k.pkey{G_TKG}
+        AND t.status = 'pending')
+RETURNING l.consumer_group, l.topic, l.partition_key`,
+		"{G_TKG}", gk(inbox),
+	)
+
+	// Lanes that could not be deleted (a writer is adding a row, or a row
+	// arrived) are given back ready, to be looked at again.
+	q.readyLanes = build(`
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL, ready_at = now()
+FROM unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
+WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+  AND l.locked_by = $1`)
 
 	q.extendRows = build(`
 UPDATE {T} SET locked_until = now() + $2::interval
@@ -249,7 +284,7 @@ WITH mine AS (
     JOIN unnest($3::text[], $4::text[], $5::text[]) AS k(g, topic, pkey)
       ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
     WHERE l.locked_by = $1
-    FOR UPDATE OF l SKIP LOCKED
+    FOR NO KEY UPDATE OF l SKIP LOCKED
 )
 UPDATE {L} l SET locked_until = now() + $2::interval
 FROM mine
@@ -277,6 +312,13 @@ WHERE id = ANY($2::bigint[]) AND locked_by = $1`)
 
 // laneGroupFilter restricts lanes to the consumer group $7; outbox lanes
 // all belong to the group "".
+func gk(inbox bool) string {
+	if !inbox {
+		return ""
+	}
+	return " AND t.consumer_group = k.g"
+}
+
 func laneGroupFilter(bool) string {
 	return "\n      AND l.consumer_group = $7"
 }

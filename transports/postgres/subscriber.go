@@ -194,8 +194,9 @@ var ErrClosed = errors.New("postgres subscriber: closed")
 // Each message carries a bus.Delivery in its context. A Nack is settled from
 // the message's bus.Settlement (recorded by the Retry middleware): counted
 // failures spend an attempt and wait for their retry time, transient ones
-// spend none, permanent ones fail the row. A Nack without a settlement counts
-// an attempt and keeps the row's schedule.
+// spend none, permanent ones fail the row. A Nack without a settlement (no
+// Retry middleware) means "deliver again", as everywhere in Watermill: it
+// counts an attempt and keeps the row's schedule but never fails the row.
 type Subscriber struct {
 	pool *pgxpool.Pool
 	cfg  SubscriberConfig

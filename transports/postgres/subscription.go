@@ -226,7 +226,7 @@ func (s *Subscriber) newMessage(ctx context.Context, r row) *message.Message {
 func (s *Subscriber) nackOp(msg *message.Message, r row) settleOp {
 	st, ok := bus.SettlementOf(msg)
 	if !ok {
-		return settleOp{id: r.id, op: 'n', inc: 1, err: "nacked without a settlement"}
+		return settleOp{id: r.id, op: 'p', inc: 1, err: "nacked without a settlement"}
 	}
 	op := settleOp{id: r.id, op: 'n', err: truncate(st.Error, s.cfg.MaxErrorLength)}
 	if op.err == "" {

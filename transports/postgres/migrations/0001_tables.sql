@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
 {{if .Inbox}}
 CREATE UNIQUE INDEX IF NOT EXISTS {{.Ident "_message_uidx"}} ON {{.Table}} (message_id, consumer_group);
 {{else}}
-CREATE UNIQUE INDEX IF NOT EXISTS {{.Ident "_event_uidx"}} ON {{.Table}} (event_id);
+-- The same event enqueued twice for one topic is stored once; the same event
+-- fanned out to two topics is two rows.
+CREATE UNIQUE INDEX IF NOT EXISTS {{.Ident "_event_uidx"}} ON {{.Table}} (event_id, topic);
 {{end}}
 -- Fetch of unkeyed rows: due pending rows without a partition key, oldest first.
 CREATE INDEX IF NOT EXISTS {{.Ident "_fetch_idx"}} ON {{.Table}} ({{if .Inbox}}consumer_group, {{end}}scheduled_at, id)
@@ -52,19 +54,40 @@ CREATE TABLE IF NOT EXISTS {{.Lanes}} (
 );
 CREATE INDEX IF NOT EXISTS {{.Ident "_lanes_ready_idx"}} ON {{.Lanes}} (ready_at);
 
--- Writers upsert the lane of every keyed row they insert, in their own
--- transaction. The upsert locks the lane row until the writer commits, which
--- is what keeps a relay from deleting a lane that is about to get a row.
+-- Writers make sure the lane of every keyed row they insert exists, in their
+-- own transaction. On an existing lane they take only a KEY SHARE lock: it
+-- does not conflict with relays leasing or updating the lane (FOR NO KEY
+-- UPDATE), so writers never hold a relay back, but it does keep a relay from
+-- deleting the lane until the writer's row is committed and visible.
 CREATE OR REPLACE FUNCTION {{.Qualified "_lane_fn"}}() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
+DECLARE
+    lane_ready timestamptz;
+    lane_group text := {{if .Inbox}}NEW.consumer_group{{else}}''{{end}};
 BEGIN
-    IF NEW.status = 'pending' AND NEW.partition_key IS NOT NULL THEN
-        INSERT INTO {{.Lanes}} AS l (consumer_group, topic, partition_key, ready_at)
-        VALUES ({{if .Inbox}}NEW.consumer_group{{else}}''{{end}}, NEW.topic, NEW.partition_key, NEW.scheduled_at)
-        ON CONFLICT (consumer_group, topic, partition_key)
-        DO UPDATE SET ready_at = LEAST(l.ready_at, EXCLUDED.ready_at);
+    IF NEW.status <> 'pending' OR NEW.partition_key IS NULL THEN
+        RETURN NULL;
     END IF;
-    RETURN NULL;
+    LOOP
+        SELECT l.ready_at INTO lane_ready FROM {{.Lanes}} l
+        WHERE l.consumer_group = lane_group AND l.topic = NEW.topic AND l.partition_key = NEW.partition_key
+        FOR KEY SHARE;
+        IF FOUND THEN
+            IF lane_ready > NEW.scheduled_at THEN
+                UPDATE {{.Lanes}} l SET ready_at = NEW.scheduled_at
+                WHERE l.consumer_group = lane_group AND l.topic = NEW.topic AND l.partition_key = NEW.partition_key
+                  AND l.ready_at > NEW.scheduled_at;
+            END IF;
+            RETURN NULL;
+        END IF;
+        INSERT INTO {{.Lanes}} (consumer_group, topic, partition_key, ready_at)
+        VALUES (lane_group, NEW.topic, NEW.partition_key, NEW.scheduled_at)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- Another writer created it meanwhile: take the shared lock on theirs.
+    END LOOP;
 END
 $fn$;
 DROP TRIGGER IF EXISTS {{.Ident "_lane_trg"}} ON {{.Table}};

@@ -1,0 +1,110 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The race the lanes design must win: a relay empties a key's lane (its last
+// row completed) while a writer inserts the next row of that key. Whatever
+// the interleaving, once both are done a pending row must have a lane.
+func TestLanes_WriterRacingLaneDeletionIsNeverOrphaned(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	e := testEngine(pool, ob, "relay", 16)
+	const rounds = 150
+	lanes := ob.q.table.derived("_lanes").quoted()
+	for i := 0; i < rounds; i++ {
+		key := fmt.Sprintf("k%d", i)
+		// One topic per round, so this round's fetch sees only this key.
+		enqueue(t, pool, ob, key, event(key, "first"))
+		res, err := e.fetch(ctx, key, 1000, 0)
+		require.NoError(t, err)
+		var lane *laneKey
+		for _, u := range res.units {
+			if u.lane != nil && u.lane.key == key {
+				lane = u.lane
+				_, err := e.settle(ctx, []settleOp{{id: u.rows[0].id, op: 'a'}})
+				require.NoError(t, err)
+			}
+		}
+		require.NotNil(t, lane, "round %d: the first row of %s was fetched", i, key)
+
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			// The writer: a transaction that inserts and commits a moment later.
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := ob.Enqueue(ctx, tx, key, event(key, "second")); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "SELECT pg_sleep($1)", float64(i%5)/1000)
+				return err
+			})
+			assert.NoError(t, err)
+		}()
+		go func() {
+			defer wg.Done()
+			// The relay gives the lane back, retrying while a writer holds it,
+			// as the flusher does.
+			pending := []laneKey{*lane}
+			for len(pending) > 0 {
+				var err error
+				pending, _, err = e.reconcile(ctx, pending)
+				if !assert.NoError(t, err) {
+					return
+				}
+			}
+		}()
+		wg.Wait()
+
+		var orphans int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+ob.q.table.quoted()+` t
+			WHERE t.status = 'pending' AND t.partition_key IS NOT NULL
+			  AND NOT EXISTS (SELECT 1 FROM `+lanes+` l WHERE l.topic = t.topic AND l.partition_key = t.partition_key)`).Scan(&orphans))
+		require.Zero(t, orphans, "round %d: a pending row of %s has no lane", i, key)
+	}
+	// And every second row is then delivered.
+	got := 0
+	for c := 0; c < 10 && got < rounds; c++ {
+		got += len(cycle(t, e, 1000, nil))
+	}
+	assert.Equal(t, rounds, got, "every racing writer's row is delivered")
+}
+
+func TestLanes_SweepRecreatesLaneDeletedByHand(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	enqueue(t, pool, ob, "t", event("k", "x"))
+	_, err := pool.Exec(ctx, `DELETE FROM `+ob.q.table.derived("_lanes").quoted())
+	require.NoError(t, err)
+	e := testEngine(pool, ob, "relay", 16)
+	assert.Empty(t, cycle(t, e, 10, nil), "a keyed row without a lane is invisible to the fetch")
+	n, err := e.sweep(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "the sweep recreates exactly the missing lane")
+	assert.Equal(t, []string{"x"}, payloads(cycle(t, e, 10, nil)))
+	n, err = e.sweep(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
+func TestLanes_EmptyLaneIsDeletedAfterItsLastRow(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	enqueue(t, pool, ob, "t", event("k", "x"))
+	e := testEngine(pool, ob, "relay", 16)
+	require.Len(t, cycle(t, e, 10, nil), 1)
+	var lanes int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ob.q.table.derived("_lanes").quoted()).Scan(&lanes))
+	assert.Zero(t, lanes)
+}
