@@ -1,0 +1,125 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+func TestSubscriber_WokenByNotifyOnCommit(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	// Polling is effectively off: only the notification can wake it.
+	sub, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), PollInterval: time.Hour}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, tx, "t", event("k", "x")))
+	select {
+	case m := <-ch:
+		t.Fatalf("delivered %s before the writer committed", m.Payload)
+	case <-time.After(100 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case m := <-ch:
+		assert.Equal(t, "x", string(m.Payload))
+		m.Ack()
+	case <-ctx.Done():
+		t.Fatal("the commit's notification did not wake the subscriber (poll interval is an hour)")
+	}
+}
+
+func TestSubscriber_CloseReleasesUnstartedRowsAndSettlesInFlight(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	enqueue(t, pool, ob, "t", event("k", "r1"), event("k", "r2"), event("k", "r3"))
+	sub, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), CloseTimeout: 5 * time.Second}, nil)
+	require.NoError(t, err)
+	ch, err := sub.Subscribe(context.Background(), AllTopics)
+	require.NoError(t, err)
+	var first = <-ch
+	require.Equal(t, "r1", string(first.Payload))
+	closed := make(chan struct{})
+	go func() {
+		assert.NoError(t, sub.Close())
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a message was still in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	first.Ack() // the in-flight handler finishes during the graceful close
+	<-closed
+	_, open := <-ch
+	assert.False(t, open, "the output channel is closed")
+	assert.Equal(t, "completed", stateOf(t, pool, ob, "r1").status, "the in-flight ack is written at close")
+	for _, p := range []string{"r2", "r3"} {
+		s := stateOf(t, pool, ob, p)
+		assert.Equal(t, "pending", s.status)
+		assert.Nil(t, s.lockedBy, "%s, fetched but not started, is released", p)
+		assert.Zero(t, s.attempts)
+	}
+	_, err = sub.Subscribe(context.Background(), AllTopics)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.NoError(t, sub.Close(), "Close is idempotent")
+}
+
+func TestSubscriber_LeaseIsRenewedWhileHandlerRuns(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	enqueue(t, pool, ob, "t", event("k", "slow"))
+	a, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), Lease: time.Second, WorkerID: "a"}, nil)
+	require.NoError(t, err)
+	defer a.Close()
+	chA, err := a.Subscribe(context.Background(), AllTopics)
+	require.NoError(t, err)
+	m := <-chA
+	b, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), Lease: time.Second, WorkerID: "b", PollInterval: 50 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	chB, err := b.Subscribe(context.Background(), AllTopics)
+	require.NoError(t, err)
+	select {
+	case dup := <-chB:
+		t.Fatalf("row %s delivered to a second worker while the first still handles it", dup.Payload)
+	case <-time.After(3 * time.Second): // three lease lengths
+	}
+	m.Ack()
+	waitFor(t, "the row to complete", 5*time.Second, func() bool { return stateOf(t, pool, ob, "slow").status == "completed" })
+}
+
+func TestSubscriber_NackAppliesTheSettlement(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	enqueue(t, pool, ob, "t", event("k", "p"), event("k", "after"))
+	sub, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table()}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(context.Background(), AllTopics)
+	require.NoError(t, err)
+	m := <-ch
+	d, ok := bus.DeliveryOf(m)
+	require.True(t, ok)
+	assert.Equal(t, 0, d.Attempts)
+	assert.Equal(t, DefaultMaxAttempts, d.MaxAttempts)
+	assert.Equal(t, "t", d.Topic)
+	require.True(t, bus.Settle(m, bus.Settlement{Class: bus.ClassPermanent, GiveUp: true, Error: "cannot decode"}))
+	m.Nack()
+	next := <-ch
+	assert.Equal(t, "after", string(next.Payload), "a failed row does not hold its key (default policy)")
+	next.Ack()
+	waitFor(t, "the failure to be written", 5*time.Second, func() bool { return stateOf(t, pool, ob, "p").status == "failed" })
+	assert.Equal(t, "cannot decode", *stateOf(t, pool, ob, "p").lastError)
+}
