@@ -1,0 +1,33 @@
+// Package postgres is omnibus's PostgreSQL transport: the outbox and inbox
+// tables and their migrations, the Outbox writer that inserts events in the
+// caller's transaction, the head-of-key Subscriber that delivers rows in order
+// per (topic, partition key), and Admin for operators.
+//
+//	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable("")); err != nil { ... }
+//	outbox, _ := postgres.NewOutbox(postgres.OutboxConfig{})
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		// ... the business change ...
+//		return outbox.Enqueue(ctx, tx, "orders", msg) // commits with tx
+//	})
+//
+//	sub, _ := postgres.NewSubscriber(pool, postgres.SubscriberConfig{}, logger)
+//	msgs, _ := sub.Subscribe(ctx, postgres.AllTopics)
+//
+// # Ordering
+//
+// For every (topic, partition key) rows are delivered in id (insert) order,
+// and a row that failed holds its key back until it is delivered or fails for
+// good. A pending row is "in line" when it is due, leased, or was tried and
+// waits for its retry; a row is handed out only when no earlier row of its key
+// is in line. A delayed row that was never tried does not hold its key, and a
+// failed row does not either (unless FailedBlock). Up to RunLength rows of a
+// key are fetched at once and emitted one at a time, each after the previous
+// was acked; different keys go out concurrently.
+//
+// # Cost
+//
+// Each key with pending rows has a row in the "<table>_lanes" table, kept by
+// a trigger on insert. Relays lease lanes, not rows, so a fetch costs the same
+// however many rows wait behind a key's head. Fetching leases rows in the same
+// autocommit statement; acks and nacks are written in batches.
+package postgres
