@@ -23,6 +23,11 @@ const (
 	// (last acks, handing held entries back).
 	shutdownTimeout = 5 * time.Second
 	maxErrorBackoff = 5 * time.Second
+	// gatherWait is how long a read waits for more free slots when fewer
+	// than half a batch are free.
+	gatherWait = 2 * time.Millisecond
+	// ackLinger is how long acks wait for company before their XACK.
+	ackLinger = time.Millisecond
 )
 
 // subscription reads one stream for one Subscribe call.
@@ -48,7 +53,8 @@ type subscription struct {
 	keys map[string][]*entry // OrderByKey: keys with an entry out, and the entries queued behind it
 
 	loops sync.WaitGroup // reader, toucher
-	msgs  sync.WaitGroup // one per entry being handed out
+	msgs  sync.WaitGroup // workers
+	work  chan *entry    // entries for idle workers
 
 	ackMu     sync.Mutex
 	acks      []string
@@ -66,8 +72,9 @@ type entry struct {
 	msg    *message.Message
 	key    string
 
-	count int64     // delivery count in the pending list, as last known
-	first time.Time // first delivery by this subscription
+	count     int64     // delivery count in the pending list, as last known
+	first     time.Time // first delivery by this subscription
+	delivered bool      // msg has been handed out (later deliveries use copies)
 
 	touched time.Time // when its idle time in Redis was last reset
 	lost    bool      // reclaimed by another consumer; do not hand it out again
@@ -91,6 +98,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.cfg.MaxInFlight),
 		held:       make(map[string]*entry),
+		work:       make(chan *entry),
 		keys:       make(map[string][]*entry),
 		ackSignal:  make(chan struct{}, 1),
 		ackStop:    make(chan struct{}),
@@ -118,15 +126,35 @@ func (sub *subscription) run() {
 	sub.logger.Debug("subscription stopped")
 }
 
-// acquire takes between 1 and n slots, waiting for the first one. It returns
-// 0 when the subscription stops.
+// acquire takes between 1 and n slots, waiting for the first one. When fewer
+// than half of n are free it waits up to gatherWait for more, so that a
+// subscription running at its in-flight limit reads in batches rather than
+// one entry per round trip. It returns 0 when the subscription stops.
 func (sub *subscription) acquire(n int) int {
+	n = min(n, sub.cfg.MaxInFlight)
 	select {
 	case sub.slots <- struct{}{}:
 	case <-sub.ctx.Done():
 		return 0
 	}
-	return 1 + sub.tryAcquire(n-1)
+	got := 1 + sub.tryAcquire(n-1)
+	half := (n + 1) / 2
+	if got >= half {
+		return got
+	}
+	t := time.NewTimer(gatherWait)
+	defer t.Stop()
+	for got < half {
+		select {
+		case sub.slots <- struct{}{}:
+			got++
+		case <-t.C:
+			return got + sub.tryAcquire(n-got)
+		case <-sub.ctx.Done():
+			return got
+		}
+	}
+	return got + sub.tryAcquire(n-got)
 }
 
 // tryAcquire takes up to n slots without waiting.
@@ -353,14 +381,36 @@ func (sub *subscription) accept(xm redis.XMessage, count int64) {
 		sub.keys[e.key] = nil
 	}
 	sub.mu.Unlock()
-	sub.msgs.Add(1)
-	go sub.handle(e)
+	sub.start(e)
+}
+
+// start hands e to an idle worker, or to a new one. Workers outlive their
+// entries so that a busy subscription does not pay for a fresh goroutine
+// (and its stack growth) per message; there are at most MaxInFlight.
+func (sub *subscription) start(e *entry) {
+	select {
+	case sub.work <- e:
+	default:
+		sub.msgs.Add(1)
+		go sub.worker(e)
+	}
+}
+
+func (sub *subscription) worker(e *entry) {
+	defer sub.msgs.Done()
+	for {
+		sub.handle(e)
+		select {
+		case e = <-sub.work:
+		case <-sub.ctx.Done():
+			return
+		}
+	}
 }
 
 // handle hands e out until it is acked, dead-lettered, lost to another
 // consumer, or the subscription stops.
 func (sub *subscription) handle(e *entry) {
-	defer sub.msgs.Done()
 	for {
 		sub.mu.Lock()
 		lost := e.lost
@@ -378,8 +428,16 @@ func (sub *subscription) handle(e *entry) {
 		if e.first.IsZero() {
 			e.first = now
 		}
-		msg := e.msg.Copy()
-		msgCtx, cancel := context.WithCancel(sub.ctx)
+		// A message is acked or nacked once: every redelivery needs a copy.
+		msg := e.msg
+		if e.delivered {
+			msg = e.msg.Copy()
+		}
+		e.delivered = true
+		// Every way out of this iteration calls cancel, the subscription
+		// stopping included, so the context need not be tied to sub.ctx's
+		// cancellation (which costs a registration per message).
+		msgCtx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 		msgCtx = bus.WithDelivery(msgCtx, bus.Delivery{
 			Attempts:         int(max(e.count-1, 0)),
 			FirstDeliveredAt: e.first,
@@ -554,9 +612,8 @@ func (sub *subscription) finish(e *entry, drop bool) {
 	sub.mu.Unlock()
 	sub.release(1)
 	if next != nil {
-		// Called from a handle goroutine, so msgs cannot reach zero here.
-		sub.msgs.Add(1)
-		go sub.handle(next)
+		// Called from a worker, so msgs cannot reach zero here.
+		sub.start(next)
 	}
 }
 
@@ -578,10 +635,12 @@ func (sub *subscription) ack(id string) {
 }
 
 // ackLoop sends the queued acks, all that have piled up since the last XACK
-// in one call, so acks batch themselves under load.
+// (and within ackLinger) in one call.
 func (sub *subscription) ackLoop() {
 	defer close(sub.ackDone)
 	b := newBackoff()
+	linger := time.NewTimer(0)
+	<-linger.C
 	for {
 		select {
 		case <-sub.ackSignal:
@@ -590,6 +649,19 @@ func (sub *subscription) ackLoop() {
 				sub.logger.Error("last acks failed; those entries stay pending and will be redelivered", "error", err)
 			}
 			return
+		}
+		// Let a small batch grow for a moment: one XACK for many entries
+		// costs Redis and us far less than many XACKs.
+		sub.ackMu.Lock()
+		small := len(sub.acks) < ackChunk
+		sub.ackMu.Unlock()
+		if small {
+			linger.Reset(ackLinger)
+			select {
+			case <-linger.C:
+			case <-sub.ackStop:
+				linger.Stop()
+			}
 		}
 		if err := sub.flushAcks(); err != nil {
 			sub.logger.Warn("ack failed; will retry", "error", err)

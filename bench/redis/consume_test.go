@@ -1,0 +1,141 @@
+package redisbench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	omniredis "github.com/omnibus-go/omnibus/transports/redis"
+)
+
+// BenchmarkConsume reads messagesPerOp messages of payloadBytes, published
+// beforehand, through a new consumer group of one subscriber, acking each
+// in a goroutine of its own as Watermill's router does; with each subscriber
+// in turn, default settings.
+func BenchmarkConsume(b *testing.B) {
+	admin := newClient(b)
+	body := payload()
+	ourSeeder, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: admin}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ourSeeder.Close()
+	// Each subscriber reads entries in its own format: watermill-redisstream's
+	// are seeded in pipelines of XADDs with its marshaller (its Publisher
+	// would add them one round trip at a time; seeding is not timed anyway).
+	theirSeeder := pipelinePublisher{admin: admin, marshal: redisstream.DefaultMarshallerUnmarshaller{}}
+
+	var oursRate, theirsRate float64
+	b.ResetTimer()
+	for i := range b.N {
+		runs := []struct {
+			rate   *float64
+			name   string
+			seeder message.Publisher
+			sub    func(b *testing.B) message.Subscriber
+		}{
+			{&oursRate, "omnibus", ourSeeder, func(b *testing.B) message.Subscriber {
+				s, err := omniredis.NewSubscriber(omniredis.SubscriberConfig{Client: newClient(b), ConsumerGroup: "bench"}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return s
+			}},
+			{&theirsRate, "watermill", theirSeeder, func(b *testing.B) message.Subscriber {
+				s, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+					Client: newClient(b), ConsumerGroup: "bench", Consumer: "bench",
+				}, watermill.NopLogger{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				return s
+			}},
+		}
+		if i%2 == 1 {
+			runs[0], runs[1] = runs[1], runs[0]
+		}
+		for _, r := range runs {
+			b.StopTimer()
+			stream := streamName(b, admin, "consume-"+r.name)
+			seed(b, r.seeder, stream, body)
+			sub := r.sub(b)
+			b.StartTimer()
+			elapsed := consume(b, r.name, sub, stream)
+			*r.rate += messagesPerOp / elapsed.Seconds()
+			b.StopTimer()
+			if err := sub.Close(); err != nil {
+				b.Error(err)
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(oursRate/n, "omnibus-msgs/s")
+	b.ReportMetric(theirsRate/n, "watermill-msgs/s")
+	b.ReportMetric(oursRate/theirsRate, "omnibus/watermill-x")
+}
+
+func seed(b *testing.B, pub message.Publisher, stream string, body []byte) {
+	const chunk = 1000
+	for done := 0; done < messagesPerOp; done += chunk {
+		msgs := make([]*message.Message, 0, chunk)
+		for range min(chunk, messagesPerOp-done) {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), body))
+		}
+		if err := pub.Publish(stream, msgs...); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func consume(b *testing.B, name string, sub message.Subscriber, topic string) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		b.Fatal(err)
+	}
+	seen := make(map[string]struct{}, messagesPerOp)
+	for len(seen) < messagesPerOp {
+		select {
+		case msg, ok := <-msgs:
+			if !ok {
+				b.Fatalf("%s: messages channel closed after %d of %d", name, len(seen), messagesPerOp)
+			}
+			seen[msg.UUID] = struct{}{}
+			go msg.Ack()
+		case <-ctx.Done():
+			b.Fatalf("%s: consumed %d of %d messages before the deadline", name, len(seen), messagesPerOp)
+		}
+	}
+	return time.Since(start)
+}
+
+// pipelinePublisher adds messages marshalled by watermill-redisstream's
+// marshaller, one pipeline per Publish call.
+type pipelinePublisher struct {
+	admin   *redis.Client
+	marshal redisstream.Marshaller
+}
+
+func (p pipelinePublisher) Publish(topic string, msgs ...*message.Message) error {
+	pipe := p.admin.Pipeline()
+	for _, msg := range msgs {
+		values, err := p.marshal.Marshal(topic, msg)
+		if err != nil {
+			return err
+		}
+		pipe.XAdd(context.Background(), &redis.XAddArgs{Stream: topic, Values: values})
+	}
+	_, err := pipe.Exec(context.Background())
+	return err
+}
+
+func (pipelinePublisher) Close() error { return nil }
