@@ -21,9 +21,11 @@ type record struct {
 	done  bool // acked, dead-lettered, or acked by an earlier owner
 }
 
-// partitionWorker hands out the records of one claimed partition. Its state
-// is owned by the run goroutine; one deliver goroutine per record in flight
-// reports back through results.
+// partitionWorker hands out the records of one claimed partition. The run
+// goroutine reads the claim; one deliver goroutine per record in flight
+// hands it out until it is done and then, instead of exiting, takes the next
+// record that is free to go, so a busy partition costs no goroutine start
+// per record. The bookkeeping below is guarded by mu.
 type partitionWorker struct {
 	sub       *subscription
 	cfg       *SubscriberConfig
@@ -32,23 +34,23 @@ type partitionWorker struct {
 	topic     string
 	partition int32
 	log       *slog.Logger
+	maxRead   int // records held before fetching pauses
 
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	results chan *record
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
+	ackedBefore ackedSet // acks an earlier owner recorded in the commit metadata (run goroutine only)
+
+	mu sync.Mutex
 	// window holds the records read and not yet committable, in offset
 	// order; window[0] is the first one not done.
 	window   []*record
 	lanes    map[string][]*record // per key: records waiting behind the one in flight
 	ready    []*record            // records free to go, waiting for an in-flight slot
 	inflight int
-	maxRead  int // records held before fetching pauses
 	paused   bool
 	stopping bool // released: start no more deliveries
-
-	ackedBefore ackedSet // acks an earlier owner recorded in the commit metadata
 
 	lastDone   int64 // offset of the last record that left the window
 	hasDone    bool
@@ -66,7 +68,6 @@ func newPartitionWorker(sub *subscription, sess sarama.ConsumerGroupSession, cla
 		topic:      claim.Topic(),
 		partition:  claim.Partition(),
 		log:        sub.log.With("partition", claim.Partition()),
-		results:    make(chan *record, cfg.MaxInFlight),
 		lanes:      make(map[string][]*record),
 		maxRead:    max(4*cfg.MaxInFlight, 16),
 		markedNext: -1,
@@ -89,23 +90,19 @@ func (w *partitionWorker) run() {
 	defer tick.Stop()
 
 	defer func() {
+		w.mu.Lock()
 		w.stopping = true
+		w.mu.Unlock()
 		w.cancel()
 		w.wg.Wait()
-		for {
-			select {
-			case r := <-w.results:
-				w.complete(r)
-				continue
-			default:
-			}
-			break
-		}
+		w.mu.Lock()
 		w.mark()
-		if w.paused {
+		paused, inflight, uncommitted := w.paused, w.inflight, len(w.window)
+		w.mu.Unlock()
+		if paused {
 			w.sub.group.Resume(map[string][]int32{w.topic: {w.partition}})
 		}
-		w.log.Debug("kafka partition released", "in_flight", w.inflight, "uncommitted", len(w.window))
+		w.log.Debug("kafka partition released", "in_flight", inflight, "uncommitted", uncommitted)
 	}()
 
 	for {
@@ -114,21 +111,24 @@ func (w *partitionWorker) run() {
 			if !ok {
 				return // revoked, or the session is over
 			}
+			w.mu.Lock()
 			w.add(rec)
-		case r := <-w.results:
-			w.complete(r)
+			w.throttle()
+			w.mu.Unlock()
 		case <-tick.C:
+			w.mu.Lock()
 			w.mark()
+			w.mu.Unlock()
 		case <-w.ctx.Done():
 			return
 		}
-		w.throttle()
 	}
 }
 
 // throttle pauses fetching while the worker holds maxRead records and
 // resumes it when half of them are done. The claim keeps being read, so a
 // revocation is noticed at once; what the fetcher had buffered still arrives.
+// Called with mu held.
 func (w *partitionWorker) throttle() {
 	switch {
 	case !w.paused && len(w.window) >= w.maxRead:
@@ -140,6 +140,7 @@ func (w *partitionWorker) throttle() {
 	}
 }
 
+// add takes a record read from the claim. Called with mu held.
 func (w *partitionWorker) add(rec *sarama.ConsumerMessage) {
 	r := &record{rec: rec, key: string(rec.Key), keyed: len(rec.Key) > 0}
 	if w.ackedBefore.has(rec.Offset) {
@@ -159,24 +160,38 @@ func (w *partitionWorker) add(rec *sarama.ConsumerMessage) {
 		w.lanes[r.key] = nil
 	}
 	w.ready = append(w.ready, r)
-	w.dispatch()
-}
-
-func (w *partitionWorker) dispatch() {
 	for !w.stopping && w.inflight < w.cfg.MaxInFlight && len(w.ready) > 0 {
-		r := w.ready[0]
-		w.ready[0] = nil
-		w.ready = w.ready[1:]
 		w.inflight++
 		w.wg.Add(1)
-		go w.deliver(r)
+		go w.deliverLoop(w.popReady())
 	}
 }
 
-// complete takes a handled record out of flight and frees its key.
-func (w *partitionWorker) complete(r *record) {
+func (w *partitionWorker) popReady() *record {
+	r := w.ready[0]
+	w.ready[0] = nil
+	w.ready = w.ready[1:]
+	return r
+}
+
+// deliverLoop delivers r, then the next record free to go, until there is
+// none or the partition is released.
+func (w *partitionWorker) deliverLoop(r *record) {
+	defer w.wg.Done()
+	for r != nil {
+		if !w.deliver(r) {
+			return
+		}
+		r = w.finish(r)
+	}
+}
+
+// finish marks r done, frees its key and returns the next record for this
+// goroutine to deliver, or nil when its in-flight slot is to be released.
+func (w *partitionWorker) finish(r *record) *record {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	r.done = true
-	w.inflight--
 	if r.keyed {
 		if waiting := w.lanes[r.key]; len(waiting) > 0 {
 			next := waiting[0]
@@ -189,10 +204,16 @@ func (w *partitionWorker) complete(r *record) {
 	}
 	w.dirty = true
 	w.advance()
-	w.dispatch()
+	w.throttle()
+	if !w.stopping && len(w.ready) > 0 {
+		return w.popReady()
+	}
+	w.inflight--
+	return nil
 }
 
-// advance drops the done records at the head of the window.
+// advance drops the done records at the head of the window. Called with mu
+// held.
 func (w *partitionWorker) advance() {
 	i := 0
 	for i < len(w.window) && w.window[i].done {
@@ -208,7 +229,7 @@ func (w *partitionWorker) advance() {
 
 // mark records the next offset to commit (the first record not done) and,
 // in the metadata, the records done beyond it. The session commits it on
-// its own schedule and when the partition is released.
+// its own schedule and when the partition is released. Called with mu held.
 func (w *partitionWorker) mark() {
 	if !w.dirty {
 		return
@@ -235,10 +256,9 @@ func (w *partitionWorker) mark() {
 }
 
 // deliver hands one record to the subscriber's channel until it is acked
-// or dead-lettered, redelivering it after each Nack. It returns early, with
-// the record not done, when the partition is released.
-func (w *partitionWorker) deliver(r *record) {
-	defer w.wg.Done()
+// or dead-lettered, redelivering it after each Nack, and reports true. It
+// reports false, the record not done, when the partition is released first.
+func (w *partitionWorker) deliver(r *record) bool {
 	var (
 		attempts int
 		first    time.Time
@@ -246,14 +266,11 @@ func (w *partitionWorker) deliver(r *record) {
 	)
 	for {
 		if !sleepCtx(w.ctx, delay) {
-			return
+			return false
 		}
 		msg, err := w.cfg.Marshaler.Unmarshal(r.rec)
 		if err != nil {
-			if w.deadLetter(r, reasonUndecodable, err.Error(), attempts, bus.ClassPermanent) {
-				w.results <- r
-			}
-			return
+			return w.deadLetter(r, reasonUndecodable, err.Error(), attempts, bus.ClassPermanent)
 		}
 		now := time.Now()
 		if first.IsZero() {
@@ -276,7 +293,7 @@ func (w *partitionWorker) deliver(r *record) {
 		case w.sub.out <- msg:
 		case <-ctx.Done():
 			cancel()
-			return
+			return false
 		}
 		acked := false
 		select {
@@ -289,15 +306,14 @@ func (w *partitionWorker) deliver(r *record) {
 			// marked before the partition is let go.
 			select {
 			case <-msg.Acked():
-				w.results <- r
+				return true
 			default:
+				return false
 			}
-			return
 		}
 		cancel() // the message is settled: its context ends
 		if acked {
-			w.results <- r
-			return
+			return true
 		}
 
 		s, settled := bus.SettlementFromContext(ctx)
@@ -306,10 +322,7 @@ func (w *partitionWorker) deliver(r *record) {
 			if s.Class == bus.ClassCounted {
 				spent++
 			}
-			if w.deadLetter(r, reasonGaveUp, s.Error, spent, s.Class) {
-				w.results <- r
-			}
-			return
+			return w.deadLetter(r, reasonGaveUp, s.Error, spent, s.Class)
 		}
 		if !settled || s.Class != bus.ClassTransient {
 			attempts++
