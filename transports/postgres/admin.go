@@ -1,0 +1,417 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNotFound reports that no row matched: Requeue found no failed row with
+// the id it was given. Test for it with errors.Is.
+var ErrNotFound = errors.New("postgres: row not found")
+
+// DefaultListLimit is how many rows ListFailed returns when limit is 0.
+const DefaultListLimit = 100
+
+// Lock waits of requeueing. A requeue creates or updates lanes; a writer that
+// has just created a lane holds it until its business transaction commits,
+// and relays hold lanes for the length of a statement. Admin gives up such a
+// wait after adminLockTimeout (well under PostgreSQL's default
+// deadlock_timeout of 1 s, so if a writer and a requeue ever deadlock, the
+// requeue is the one that yields, not the business transaction) and retries
+// the batch, up to adminLockRetries times.
+const (
+	adminLockTimeout = 200 * time.Millisecond
+	adminLockRetries = 25
+)
+
+// Admin inspects and repairs one outbox or inbox table: statistics, failed
+// rows, requeueing, expired leases, retention and lane sweeps. It is what the
+// `omnibus outbox|inbox` commands run. An Admin is safe for concurrent use,
+// and its operations are safe to run while relays and writers work on the
+// table.
+type Admin struct {
+	pool  *pgxpool.Pool
+	table Table
+	tn    tableName
+	inbox bool
+	group *string // consumer group filter (inbox only); nil means every group
+	q     *queries
+	aq    adminQueries
+
+	// lockTimeout and onLockRetry are for tests.
+	lockTimeout time.Duration
+	onLockRetry func(err error)
+}
+
+// NewAdmin returns an Admin for table t over pool. It validates the table
+// name and kind but does not touch the database; run Migrate first. The pool
+// stays the caller's.
+func NewAdmin(pool *pgxpool.Pool, t Table) (*Admin, error) {
+	if pool == nil {
+		return nil, errors.New("invalid config: pool: must not be nil")
+	}
+	tn, err := parseTableName(t.Name)
+	if err != nil {
+		return nil, fmt.Errorf("invalid config: Table: %w", err)
+	}
+	if t.Kind != KindOutbox && t.Kind != KindInbox {
+		return nil, fmt.Errorf("invalid config: Kind: unknown kind %d", t.Kind)
+	}
+	inbox := t.Kind == KindInbox
+	return &Admin{
+		pool:        pool,
+		table:       t,
+		tn:          tn,
+		inbox:       inbox,
+		q:           newQueries(tn, inbox),
+		aq:          newAdminQueries(tn, inbox, false),
+		lockTimeout: adminLockTimeout,
+	}, nil
+}
+
+// WithConsumerGroup returns an Admin restricted to the rows and lanes of one
+// consumer group of an inbox table: Stats, ListFailed, Requeue,
+// RequeueAllFailed, ReleaseExpiredLeases and Cleanup see only that group.
+// SweepLanes always covers the whole table. An outbox has no consumer groups,
+// and group must not be empty.
+func (a *Admin) WithConsumerGroup(group string) (*Admin, error) {
+	switch {
+	case !a.inbox:
+		return nil, fmt.Errorf("admin of %q: consumer group: an outbox table has no consumer groups", a.tn)
+	case group == "":
+		return nil, fmt.Errorf("admin of %q: consumer group: must not be empty", a.tn)
+	}
+	b := *a
+	b.group = &group
+	b.aq = newAdminQueries(a.tn, true, true)
+	return &b, nil
+}
+
+// Table returns the table the Admin works on.
+func (a *Admin) Table() Table { return a.table }
+
+// ConsumerGroup returns the consumer group the Admin is restricted to, or ""
+// when it sees every group.
+func (a *Admin) ConsumerGroup() string {
+	if a.group == nil {
+		return ""
+	}
+	return *a.group
+}
+
+// args adds the consumer group filter, if any, to a statement's arguments.
+func (a *Admin) args(na pgx.NamedArgs) pgx.NamedArgs {
+	if na == nil {
+		na = pgx.NamedArgs{}
+	}
+	if a.group != nil {
+		na["group"] = *a.group
+	}
+	return na
+}
+
+// Stats is a snapshot of a table, taken in one statement.
+type Stats struct {
+	// Pending rows wait for delivery (Due, Leased, delayed and retrying ones).
+	Pending int64
+	// Due rows are pending, scheduled at or before now and not under a live
+	// lease: they can be fetched now, unless an earlier row of their key is
+	// in line.
+	Due int64
+	// Leased rows are pending and held by a relay or worker whose lease has
+	// not expired.
+	Leased int64
+	// ExpiredLeases counts pending rows whose lease has expired but was not
+	// cleared (their worker stopped). Relays take such rows over anyway;
+	// ReleaseExpiredLeases clears them.
+	ExpiredLeases int64
+	// Failed rows have spent their attempts or failed permanently.
+	Failed int64
+	// Completed rows were delivered; Cleanup deletes old ones.
+	Completed int64
+	// OldestPendingAge is how long ago the oldest pending row was created;
+	// 0 when nothing is pending. Delayed rows count from their creation, not
+	// from their deliver-at time.
+	OldestPendingAge time.Duration
+	// Lanes is the number of keys (topic, partition key[, consumer group])
+	// with pending rows.
+	Lanes int64
+	// HeldKeys counts keys held behind a tried head: the first in-line
+	// pending row of the key has failed at least once and waits for its
+	// retry time, so nothing behind it is delivered until then.
+	HeldKeys int64
+	// BlockedKeys counts keys frozen behind a failed row by the FailedBlock
+	// policy, as of the last time a relay looked at them.
+	BlockedKeys int64
+}
+
+// Stats counts the table's rows by state and its keys. It scans the table
+// once (and visits the head of every lane), so its cost grows with the table;
+// run Cleanup to keep completed rows in check.
+func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	var (
+		s      Stats
+		oldest *time.Time
+		now    time.Time
+	)
+	err := a.pool.QueryRow(ctx, a.aq.stats, a.args(nil)).Scan(
+		&s.Pending, &s.Due, &s.Leased, &s.ExpiredLeases, &s.Failed, &s.Completed, &oldest, &now,
+		&s.Lanes, &s.BlockedKeys, &s.HeldKeys)
+	if err != nil {
+		return Stats{}, fmt.Errorf("stats of %q: %w", a.tn, err)
+	}
+	if oldest != nil && now.After(*oldest) {
+		s.OldestPendingAge = now.Sub(*oldest)
+	}
+	return s, nil
+}
+
+// FailedRow is a terminally failed row, as ListFailed returns it.
+type FailedRow struct {
+	ID      int64
+	EventID string // "" when the inbox row has no event id
+	// ConsumerGroup is the inbox consumer group; "" for the outbox.
+	ConsumerGroup string
+	Topic         string
+	PartitionKey  string // "" for an unkeyed row
+	EventType     string // "" when not set
+	Attempts      int
+	MaxAttempts   int
+	LastError     string
+	CreatedAt     time.Time
+}
+
+// ListFailed returns up to limit failed rows with an id greater than afterID,
+// in id order. Page through all of them by passing the last ID returned as
+// the next afterID; an empty result means there are no more. limit 0 means
+// DefaultListLimit.
+func (a *Admin) ListFailed(ctx context.Context, limit int, afterID int64) ([]FailedRow, error) {
+	switch {
+	case limit < 0:
+		return nil, fmt.Errorf("list failed rows of %q: limit: must not be negative, got %d", a.tn, limit)
+	case afterID < 0:
+		return nil, fmt.Errorf("list failed rows of %q: afterID: must not be negative, got %d", a.tn, afterID)
+	case limit == 0:
+		limit = DefaultListLimit
+	}
+	rows, err := a.pool.Query(ctx, a.aq.listFailed, a.args(pgx.NamedArgs{"after": afterID, "limit": limit}))
+	if err != nil {
+		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
+	}
+	defer rows.Close()
+	var out []FailedRow
+	for rows.Next() {
+		var r FailedRow
+		if err := rows.Scan(&r.ID, &r.EventID, &r.ConsumerGroup, &r.Topic, &r.PartitionKey, &r.EventType,
+			&r.Attempts, &r.MaxAttempts, &r.LastError, &r.CreatedAt); err != nil {
+			return nil, fmt.Errorf("list failed rows of %q: scan: %w", a.tn, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
+	}
+	return out, nil
+}
+
+// Requeue gives the failed row id a fresh start: it becomes pending with 0
+// attempts spent, due now, and its key's lane is created or made ready in
+// the same transaction, so a relay picks it up on its next fetch (relays are
+// notified). Its last_error is kept as the record of why it failed until it
+// fails again. Under FailedSkip the rows of its key that went on without it
+// were already delivered, so it is delivered out of order; if earlier rows
+// of its key are still pending, it goes out in its id order among them.
+//
+// It returns an error wrapping ErrNotFound when there is no failed row with
+// that id (in the Admin's consumer group).
+func (a *Admin) Requeue(ctx context.Context, id int64) error {
+	if id < 1 {
+		return fmt.Errorf("requeue %d in %q: id: must be positive", id, a.tn)
+	}
+	var n int64
+	err := a.requeueTx(ctx, func(tx pgx.Tx) error {
+		var last *int64
+		return tx.QueryRow(ctx, a.aq.requeueOne, a.args(pgx.NamedArgs{"id": id})).Scan(&n, &last)
+	})
+	if err != nil {
+		return fmt.Errorf("requeue %d in %q: %w", id, a.tn, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("requeue %d in %q: no failed row has this id: %w", id, a.tn, ErrNotFound)
+	}
+	a.notify(ctx)
+	return nil
+}
+
+// RequeueAllFailed requeues, as Requeue does, every row that is failed when
+// it starts, batch rows per transaction in id order, and returns how many it
+// requeued. Rows that fail again while it runs are not requeued a second
+// time. progress, if not nil, is called after each batch with the total so
+// far. When ctx ends it stops between batches; batches already committed
+// stay requeued and are counted in the result.
+func (a *Admin) RequeueAllFailed(ctx context.Context, batch int, progress func(done int64)) (int64, error) {
+	if batch < 1 {
+		return 0, fmt.Errorf("requeue failed rows of %q: batch: must be at least 1, got %d", a.tn, batch)
+	}
+	var upto *int64
+	if err := a.pool.QueryRow(ctx, a.aq.failedCeiling, a.args(nil)).Scan(&upto); err != nil {
+		return 0, fmt.Errorf("requeue failed rows of %q: %w", a.tn, err)
+	}
+	if upto == nil {
+		return 0, nil
+	}
+	var (
+		done  int64
+		after int64
+	)
+	for {
+		if err := ctx.Err(); err != nil {
+			return done, fmt.Errorf("requeue failed rows of %q: %w", a.tn, err)
+		}
+		var (
+			n    int64
+			last *int64
+		)
+		err := a.requeueTx(ctx, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, a.aq.requeueBatch,
+				a.args(pgx.NamedArgs{"after": after, "upto": *upto, "batch": batch})).Scan(&n, &last)
+		})
+		if err != nil {
+			return done, fmt.Errorf("requeue failed rows of %q after id %d: %w", a.tn, after, err)
+		}
+		if last == nil {
+			return done, nil
+		}
+		after = *last
+		done += n
+		if n > 0 {
+			a.notify(ctx)
+			if progress != nil {
+				progress(done)
+			}
+		}
+	}
+}
+
+// requeueTx runs one requeue statement in its own transaction with a short
+// lock timeout, and retries the whole transaction when a lane lock could not
+// be had in time. Callers notify relays after the commit, not inside the
+// transaction: a NOTIFY takes a database-wide lock at commit that busy
+// writers contend for, and the short lock timeout would apply to it too.
+func (a *Admin) requeueTx(ctx context.Context, stmt func(pgx.Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
+				fmt.Sprintf("%dms", a.lockTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			return stmt(tx)
+		})
+		if err == nil || !isLockConflict(err) || attempt >= adminLockRetries {
+			return err
+		}
+		if a.onLockRetry != nil {
+			a.onLockRetry(err)
+		}
+		// A writer holds a lane; it commits soon. Wait a little, more each time.
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), err)
+		case <-time.After(time.Duration(min(attempt, 10)) * 20 * time.Millisecond):
+		}
+	}
+}
+
+// isLockConflict reports a lock_timeout expiry or a deadlock.
+func isLockConflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "40P01")
+}
+
+// ReleaseExpiredLeases clears the leases that have expired on pending rows
+// and on lanes, and returns how many of each it cleared. Relays take over
+// expired leases by themselves; this tidies up after workers that stopped
+// without settling, so that Stats and the table read true. Rows and lanes
+// being locked at this moment are skipped.
+func (a *Admin) ReleaseExpiredLeases(ctx context.Context) (rows, lanes int64, err error) {
+	tag, err := a.pool.Exec(ctx, a.aq.releaseRows, a.args(nil))
+	if err != nil {
+		return 0, 0, fmt.Errorf("release expired leases of rows of %q: %w", a.tn, err)
+	}
+	rows = tag.RowsAffected()
+	tag, err = a.pool.Exec(ctx, a.aq.releaseLanes, a.args(nil))
+	if err != nil {
+		return rows, 0, fmt.Errorf("release expired leases of lanes of %q: %w", a.tn, err)
+	}
+	lanes = tag.RowsAffected()
+	if rows+lanes > 0 {
+		a.notify(ctx)
+	}
+	return rows, lanes, nil
+}
+
+// Cleanup deletes completed rows that completed more than olderThan ago (0:
+// every completed row), batch rows per statement, until none is left, and
+// returns how many it deleted. The cutoff is fixed when it starts. progress,
+// if not nil, is called after each batch with the total so far. When ctx ends
+// it stops between batches and returns what it deleted so far. Pending and
+// failed rows are never deleted.
+func (a *Admin) Cleanup(ctx context.Context, olderThan time.Duration, batch int, progress func(deleted int64)) (int64, error) {
+	switch {
+	case olderThan < 0:
+		return 0, fmt.Errorf("cleanup of %q: olderThan: must not be negative, got %s", a.tn, olderThan)
+	case batch < 1:
+		return 0, fmt.Errorf("cleanup of %q: batch: must be at least 1, got %d", a.tn, batch)
+	}
+	var cutoff time.Time
+	if err := a.pool.QueryRow(ctx, a.aq.cleanupCutoff, pgx.NamedArgs{"older": olderThan}).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("cleanup of %q: %w", a.tn, err)
+	}
+	var deleted int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("cleanup of %q: %w", a.tn, err)
+		}
+		tag, err := a.pool.Exec(ctx, a.aq.cleanup, a.args(pgx.NamedArgs{"cutoff": cutoff, "batch": batch}))
+		if err != nil {
+			return deleted, fmt.Errorf("cleanup of %q: %w", a.tn, err)
+		}
+		n := tag.RowsAffected()
+		deleted += n
+		if progress != nil && n > 0 {
+			progress(deleted)
+		}
+		// A short batch means nothing is left, apart from rows another
+		// Cleanup is deleting right now (skipped, not waited for).
+		if n < int64(batch) {
+			return deleted, nil
+		}
+	}
+}
+
+// SweepLanes creates the missing lane of every key that has pending rows but
+// no lane (rows inserted with triggers disabled, lanes deleted by hand), and
+// returns how many it created. Subscribers run the same sweep periodically
+// (SubscriberConfig.SweepInterval). It covers every consumer group.
+func (a *Admin) SweepLanes(ctx context.Context) (int64, error) {
+	tag, err := a.pool.Exec(ctx, a.q.sweep)
+	if err != nil {
+		return 0, fmt.Errorf("sweep lanes of %q: %w", a.tn, err)
+	}
+	n := tag.RowsAffected()
+	if n > 0 {
+		a.notify(ctx)
+	}
+	return n, nil
+}
+
+// notify wakes the table's relays. It is best effort: they poll anyway.
+func (a *Admin) notify(ctx context.Context) {
+	_, _ = a.pool.Exec(ctx, "SELECT pg_notify($1, '')", a.q.channel)
+}

@@ -1,0 +1,158 @@
+package postgres
+
+import "strings"
+
+// adminQueries holds the statements of Admin for one table, built once from
+// its validated, quoted name. They take named arguments (pgx.NamedArgs):
+// @group appears only when the Admin is restricted to one consumer group.
+type adminQueries struct {
+	stats         string
+	listFailed    string
+	failedCeiling string
+	requeueOne    string
+	requeueBatch  string
+	releaseRows   string
+	releaseLanes  string
+	cleanupCutoff string
+	cleanup       string
+}
+
+func newAdminQueries(t tableName, inbox, byGroup bool) adminQueries {
+	// {G_T} / {G_L}: restrict rows (alias t) or lanes (alias l) to @group.
+	// {GL_T}: tie a row to its lane's group (inbox rows carry a group, outbox
+	// lanes all belong to the group ""). {GCOL}: a row's group as a column.
+	var gt, gl, glt, gcol string
+	gcol = "''::text"
+	if inbox {
+		glt = " AND t.consumer_group = l.consumer_group"
+		gcol = "t.consumer_group"
+		if byGroup {
+			gt = " AND t.consumer_group = @group"
+			gl = " AND l.consumer_group = @group"
+		}
+	}
+	r := strings.NewReplacer(
+		"{T}", t.quoted(),
+		"{L}", t.derived("_lanes").quoted(),
+		"{G_T}", gt,
+		"{G_L}", gl,
+		"{GL_T}", glt,
+		"{GCOL}", gcol,
+	)
+	var q adminQueries
+
+	// One statement, so every figure comes from the same snapshot and the
+	// same now(). "In line" and "due" use the definitions of the fetch: an
+	// expired lease is no lease. The held-keys count looks at each lane's
+	// first in-line row (the key's head) through the per-key index.
+	q.stats = r.Replace(`
+WITH r AS (
+    SELECT count(*) FILTER (WHERE t.status = 'pending') AS pending,
+           count(*) FILTER (WHERE t.status = 'pending' AND t.scheduled_at <= now()
+                              AND (t.locked_until IS NULL OR t.locked_until < now())) AS due,
+           count(*) FILTER (WHERE t.status = 'pending' AND t.locked_until >= now()) AS leased,
+           count(*) FILTER (WHERE t.status = 'pending' AND t.locked_until < now()) AS expired,
+           count(*) FILTER (WHERE t.status = 'failed') AS failed,
+           count(*) FILTER (WHERE t.status = 'completed') AS completed,
+           min(t.created_at) FILTER (WHERE t.status = 'pending') AS oldest
+    FROM {T} t
+    WHERE true{G_T}
+), k AS (
+    SELECT count(*) AS lanes,
+           count(*) FILTER (WHERE l.blocked) AS blocked,
+           count(*) FILTER (WHERE h.held) AS held
+    FROM {L} l
+    LEFT JOIN LATERAL (
+        SELECT t.last_error IS NOT NULL AND t.scheduled_at > now() AS held
+        FROM {T} t
+        WHERE t.topic = l.topic AND t.partition_key = l.partition_key{GL_T}
+          AND t.status = 'pending'
+          AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
+        ORDER BY t.id
+        LIMIT 1
+    ) h ON true
+    WHERE true{G_L}
+)
+SELECT r.pending, r.due, r.leased, r.expired, r.failed, r.completed, r.oldest, now(),
+       k.lanes, k.blocked, k.held
+FROM r, k`)
+
+	q.listFailed = r.Replace(`
+SELECT t.id, COALESCE(t.event_id::text, ''), {GCOL}, t.topic, COALESCE(t.partition_key, ''),
+       COALESCE(t.event_type, ''), t.attempts, t.max_attempts, COALESCE(t.last_error, ''), t.created_at
+FROM {T} t
+WHERE t.status = 'failed' AND t.id > @after{G_T}
+ORDER BY t.id
+LIMIT @limit`)
+
+	// RequeueAllFailed works up to the highest failed id it saw when it
+	// started, so rows that fail again while it runs are not requeued twice
+	// and the loop ends.
+	q.failedCeiling = r.Replace(`
+SELECT max(t.id) FROM {T} t WHERE t.status = 'failed'{G_T}`)
+
+	// Requeue: failed rows become pending with a fresh budget, due now, and
+	// their lanes are upserted in the same statement (an UPDATE does not fire
+	// the insert trigger that creates lanes). The lane upsert is the trigger's
+	// (never delays a lane) and also lifts a Block-policy freeze; a relay that
+	// finds another failed row ahead re-blocks the lane when it reconciles.
+	// last_error is kept: it is the record of why the row failed, and a row
+	// due now is in line with or without it.
+	requeue := func(candidates string) string {
+		return r.Replace(`
+WITH c AS (` + candidates + `
+), r AS (
+    UPDATE {T} t
+    SET status = 'pending', attempts = 0, scheduled_at = now(), completed_at = NULL,
+        locked_by = NULL, locked_until = NULL
+    FROM c
+    WHERE t.id = c.id AND t.status = 'failed'
+    RETURNING {GCOL} AS consumer_group, t.topic, t.partition_key
+), lane AS (
+    INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at)
+    SELECT DISTINCT r.consumer_group, r.topic, r.partition_key, now()
+    FROM r
+    WHERE r.partition_key IS NOT NULL
+    ORDER BY 1, 2, 3
+    ON CONFLICT (consumer_group, topic, partition_key)
+    DO UPDATE SET ready_at = LEAST(l.ready_at, EXCLUDED.ready_at), blocked = false
+)
+SELECT (SELECT count(*) FROM r), (SELECT max(id) FROM c)`)
+	}
+	q.requeueOne = requeue(`
+    SELECT t.id FROM {T} t WHERE t.id = @id{G_T}`)
+	q.requeueBatch = requeue(`
+    SELECT t.id FROM {T} t
+    WHERE t.status = 'failed' AND t.id > @after AND t.id <= @upto{G_T}
+    ORDER BY t.id
+    LIMIT @batch`)
+
+	// Releasing expired leases skips rows and lanes someone is locking right
+	// now (a relay taking them over, a writer upserting a lane): they are
+	// being dealt with, and waiting for them could deadlock with a fetch.
+	q.releaseRows = r.Replace(`
+UPDATE {T} t SET locked_by = NULL, locked_until = NULL
+WHERE t.id IN (
+    SELECT t.id FROM {T} t
+    WHERE t.status = 'pending' AND t.locked_until < now(){G_T}
+    FOR UPDATE SKIP LOCKED)`)
+	q.releaseLanes = r.Replace(`
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL
+FROM (
+    SELECT l.consumer_group, l.topic, l.partition_key FROM {L} l
+    WHERE l.locked_until < now(){G_L}
+    FOR UPDATE SKIP LOCKED) x
+WHERE l.consumer_group = x.consumer_group AND l.topic = x.topic AND l.partition_key = x.partition_key`)
+
+	// Cleanup fixes its cutoff once, then deletes in batches through the
+	// partial index on completed_at.
+	q.cleanupCutoff = `SELECT now() - @older::interval`
+	q.cleanup = r.Replace(`
+DELETE FROM {T}
+WHERE id IN (
+    SELECT t.id FROM {T} t
+    WHERE t.status = 'completed' AND t.completed_at < @cutoff{G_T}
+    LIMIT @batch
+    FOR UPDATE SKIP LOCKED)`)
+	return q
+}
