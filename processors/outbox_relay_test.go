@@ -294,3 +294,34 @@ func TestOutboxRelay_StandTest(t *testing.T) {
 	assert.Zero(t, disorder, "keys out of order")
 	assert.Len(t, seen, events, "events lost")
 }
+
+func TestOutboxRelay_ShutdownLetsInFlightPublishFinish(t *testing.T) {
+	t.Parallel()
+	pool, ob := newTable(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	tgt := newTarget(func(string, int) error {
+		once.Do(func() { close(started) })
+		<-release
+		return nil
+	})
+	require.NoError(t, ob.Enqueue(context.Background(), pool, "orders", keyed("k", "slow")))
+	relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
+		Publisher:  tgt,
+		Subscriber: postgres.SubscriberConfig{Table: ob.Table(), CloseTimeout: 10 * time.Second},
+	}, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	<-started
+	cancel() // shutdown begins while the publish is in flight
+	time.AfterFunc(200*time.Millisecond, func() { close(release) })
+	require.NoError(t, <-done)
+	_, delivered := tgt.snapshot()
+	assert.Len(t, delivered, 1)
+	var status string
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT status FROM `+pgx.Identifier{ob.Table()}.Sanitize()).Scan(&status))
+	assert.Equal(t, "completed", status, "the in-flight publish finished and its row was completed during shutdown")
+}

@@ -39,8 +39,10 @@ func newSubscription(s *Subscriber, topic string) *subscription {
 func (sub *subscription) run(parent context.Context) {
 	s := sub.s
 	// ctx ends when the caller's context ends or the Subscriber closes; it
-	// stops fetching and emitting. Messages keep parent as their base so
-	// that a graceful Close lets in-flight handlers finish.
+	// stops fetching and emitting. Messages carry parent's values but not its
+	// cancellation: whichever way shutdown starts (Close, or a router
+	// cancelling the subscription), in-flight handlers get CloseTimeout to
+	// finish before their contexts are cancelled and their rows released.
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	go func() {
@@ -94,7 +96,7 @@ func (sub *subscription) run(parent context.Context) {
 			s.tracked.add(u)
 			sub.active.Add(1)
 			sub.units.Add(1)
-			go sub.deliver(parent, ctx, u)
+			go sub.deliver(context.WithoutCancel(parent), ctx, u)
 		}
 		for _, k := range res.idle {
 			s.tracked.addLane(k)
@@ -120,7 +122,7 @@ type outcome int
 const (
 	acked outcome = iota
 	nacked
-	abandoned // not settled before the close timeout, or the caller's context ended
+	abandoned // not settled within CloseTimeout after shutdown began
 )
 
 // deliver emits the rows of u one at a time, each after the previous one
@@ -150,7 +152,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 			sub.release(u.rows[i:])
 			return
 		}
-		out := sub.await(base, ctx, msg)
+		out := sub.await(ctx, msg)
 		cancel()
 		switch out {
 		case acked:
@@ -166,14 +168,12 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	}
 }
 
-func (sub *subscription) await(base, ctx context.Context, msg *message.Message) outcome {
+func (sub *subscription) await(ctx context.Context, msg *message.Message) outcome {
 	select {
 	case <-msg.Acked():
 		return acked
 	case <-msg.Nacked():
 		return nacked
-	case <-base.Done():
-		return abandoned
 	case <-ctx.Done():
 	}
 	// Closing: give the handler up to CloseTimeout to finish.
@@ -184,8 +184,6 @@ func (sub *subscription) await(base, ctx context.Context, msg *message.Message) 
 		return acked
 	case <-msg.Nacked():
 		return nacked
-	case <-base.Done():
-		return abandoned
 	case <-t.C:
 		return abandoned
 	}
