@@ -74,7 +74,7 @@ type entry struct {
 
 	count     int64     // delivery count in the pending list, as last known
 	first     time.Time // first delivery by this subscription
-	delivered bool      // msg has been handed out (later deliveries use copies)
+	delivered bool      // msg has been handed out (later deliveries decode afresh)
 
 	touched time.Time // when its idle time in Redis was last reset
 	lost    bool      // reclaimed by another consumer; do not hand it out again
@@ -151,7 +151,8 @@ func (sub *subscription) acquire(n int) int {
 		case <-t.C:
 			return got + sub.tryAcquire(n-got)
 		case <-sub.ctx.Done():
-			return got
+			sub.release(got)
+			return 0
 		}
 	}
 	return got + sub.tryAcquire(n-got)
@@ -428,10 +429,15 @@ func (sub *subscription) handle(e *entry) {
 		if e.first.IsZero() {
 			e.first = now
 		}
-		// A message is acked or nacked once: every redelivery needs a copy.
+		// A message is acked or nacked once, and a handler may have changed
+		// it: every redelivery gets a fresh one, decoded again.
 		msg := e.msg
 		if e.delivered {
-			msg = e.msg.Copy()
+			if fresh, err := sub.cfg.Marshaler.Unmarshal(e.fields); err == nil {
+				msg = fresh
+			} else {
+				msg = e.msg.Copy()
+			}
 		}
 		e.delivered = true
 		// Every way out of this iteration calls cancel, the subscription
