@@ -345,13 +345,24 @@ func (e *engine) extend(ctx context.Context, ids []int64, lanes []laneKey) error
 	return nil
 }
 
-// sweep recreates missing lanes and reports how many it created.
+// sweep recreates missing lanes and reports how many it created. It runs
+// with a short lock timeout: if it would wait on a writer creating one of
+// the same lanes, the sweep gives way (and tries again next time), never the
+// business transaction.
 func (e *engine) sweep(ctx context.Context) (int64, error) {
-	tag, err := e.pool.Exec(ctx, e.q.sweep)
+	var n int64
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, e.q.sweep)
+		n = tag.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("sweep lanes of %q: %w", e.q.table, err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {

@@ -310,8 +310,7 @@ WHERE id = ANY($2::bigint[]) AND locked_by = $1`)
 	return q
 }
 
-// laneGroupFilter restricts lanes to the consumer group $7; outbox lanes
-// all belong to the group "".
+// gk restricts rows aliased t to the group of the lanes aliased k (inbox only).
 func gk(inbox bool) string {
 	if !inbox {
 		return ""
@@ -319,6 +318,8 @@ func gk(inbox bool) string {
 	return " AND t.consumer_group = k.g"
 }
 
+// laneGroupFilter restricts lanes to the consumer group $7; outbox lanes
+// all belong to the group "".
 func laneGroupFilter(bool) string {
 	return "\n      AND l.consumer_group = $7"
 }

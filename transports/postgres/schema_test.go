@@ -22,7 +22,9 @@ func TestMigrate_IsIdempotentAndCreatesIndexes(t *testing.T) {
 	ctx := context.Background()
 	schema := testenv.Name(t)
 	out, in := schema+".outbox", schema+".inbox"
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	})
 	require.NoError(t, Migrate(ctx, pool, OutboxTable(out), InboxTable(in)))
 	require.NoError(t, Migrate(ctx, pool, OutboxTable(out), InboxTable(in)), "running Migrate again is a no-op")
 

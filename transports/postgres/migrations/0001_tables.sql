@@ -73,10 +73,11 @@ BEGIN
         WHERE l.consumer_group = lane_group AND l.topic = NEW.topic AND l.partition_key = NEW.partition_key
         FOR KEY SHARE;
         IF FOUND THEN
+            -- A blocked lane (FailedBlock) stays asleep: a new row cannot unblock it.
             IF lane_ready > NEW.scheduled_at THEN
                 UPDATE {{.Lanes}} l SET ready_at = NEW.scheduled_at
                 WHERE l.consumer_group = lane_group AND l.topic = NEW.topic AND l.partition_key = NEW.partition_key
-                  AND l.ready_at > NEW.scheduled_at;
+                  AND l.ready_at > NEW.scheduled_at AND NOT l.blocked;
             END IF;
             RETURN NULL;
         END IF;
