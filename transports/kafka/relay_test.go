@@ -143,4 +143,3 @@ func outboxState(t testing.TB, pool interface {
 	require.NoError(t, err)
 	return completed, attempts
 }
-
