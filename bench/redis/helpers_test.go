@@ -18,7 +18,7 @@ const (
 	payloadBytes = 256
 	// messagesPerOp is how many messages one iteration publishes or consumes,
 	// per implementation.
-	messagesPerOp = 20000
+	messagesPerOp = 50000
 	// poolSize is the connection pool of every client, ours and theirs.
 	poolSize = 128
 )
