@@ -51,10 +51,10 @@ func received(topic, key, eventType, payload string) *message.Message {
 
 type inboxRowState struct {
 	messageID, group, topic, status string
-	eventID, key, eventType          *string
-	payload                          string
-	metadata                         map[string]string
-	maxAttempts                      int
+	eventID, key, eventType         *string
+	payload                         string
+	metadata                        map[string]string
+	maxAttempts                     int
 }
 
 func inboxRows(t *testing.T, pool *pgxpool.Pool, in *Inbox) []inboxRowState {
@@ -357,7 +357,9 @@ func TestSubscriber_CompleteInTxCommitsWithTheEffect(t *testing.T) {
 	effects := testenv.Name(t) + "_fx"
 	_, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{effects}.Sanitize()+` (note text)`)
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+pgx.Identifier{effects}.Sanitize()) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+pgx.Identifier{effects}.Sanitize())
+	})
 
 	first := received("orders", "k", "", "first")
 	second := received("orders", "k", "", "second")
