@@ -561,7 +561,9 @@ type SubscriberConfig struct {
 	// MaxInFlight is how many records of one partition may be handled at
 	// once: records with different keys run concurrently, records of one key
 	// one after another. 1 delivers a partition strictly in offset order.
-	// Default DefaultMaxInFlight.
+	// Up to four times as many records of a partition are read ahead (and
+	// may be delivered again after a crash) before fetching pauses. Default
+	// DefaultMaxInFlight.
 	MaxInFlight int
 	// NackDelay is the pause before a nacked record is delivered again when
 	// its settlement names no retry time (or it has none). Default
@@ -577,8 +579,11 @@ type SubscriberConfig struct {
 	CommitInterval time.Duration
 	// DeadLetterTopic is where records go that are given up on (a settlement
 	// with GiveUp) or cannot be decoded; "{topic}" in it stands for the
-	// source topic. Default DefaultDeadLetterTopic. NoDeadLetters ("-")
-	// turns dead letters off: such records are logged and skipped.
+	// source topic. Default DefaultDeadLetterTopic. The topic must exist or
+	// the brokers must create topics on first use: a dead letter is retried
+	// until it is acknowledged, and the records behind it in its partition
+	// are not committed meanwhile. NoDeadLetters ("-") turns dead letters
+	// off: such records are logged and skipped.
 	DeadLetterTopic string
 	// Marshaler turns records into messages. Default DefaultMarshaler.
 	Marshaler Marshaler

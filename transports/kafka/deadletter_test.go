@@ -68,6 +68,10 @@ func TestSubscriber_GiveUpGoesToDeadLetterTopic(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []int{0, 1, 2}, poisonAttempts, "attempts seen by the poison message's deliveries")
+	assert.Equal(t, topic, poisonDelivery.Topic)
+	assert.Equal(t, topic, poisonDelivery.Source)
+	assert.Equal(t, 3, poisonDelivery.MaxAttempts)
+	assert.Equal(t, strconv.Itoa(int(poisonDelivery.Partition))+"/"+strconv.FormatInt(poisonDelivery.Offset, 10), poisonDelivery.ID)
 
 	dl := consumeRaw(t, brokers, kafka.DeadLetterTopicFor("", topic), 1, 30*time.Second)[0]
 	assert.Equal(t, "order-1", string(dl.Key))

@@ -283,6 +283,7 @@ func (w *partitionWorker) deliver(r *record) bool {
 			FirstDeliveredAt: first,
 			DeliveredAt:      now,
 			Source:           w.topic,
+			Topic:            w.topic,
 			ID:               strconv.Itoa(int(w.partition)) + "/" + strconv.FormatInt(r.rec.Offset, 10),
 			Partition:        w.partition,
 			Offset:           r.rec.Offset,

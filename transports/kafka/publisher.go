@@ -133,9 +133,15 @@ func (p *Publisher) drainErrors() {
 
 // Publish writes msgs to topic and returns when every one of them is
 // acknowledged, or with the first error. A message that cannot be marshaled
-// fails the call before anything is sent (permanent error).
+// fails the call before anything is sent (permanent error). Publish stops
+// waiting, with a transient error, when the context of the first message
+// ends (the Timeout middleware bounds a publish this way); records already
+// handed to the producer may still be written.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	return p.publish(context.Background(), topic, msgs)
+	if len(msgs) == 0 {
+		return nil
+	}
+	return p.publish(msgs[0].Context(), topic, msgs)
 }
 
 func (p *Publisher) publish(ctx context.Context, topic string, msgs []*message.Message) error {
