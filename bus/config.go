@@ -1,0 +1,746 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The broker names Config.Broker accepts out of the box. Transports register
+// themselves under these names (see RegisterBroker); memory is built in.
+const (
+	BrokerMemory   = "memory"
+	BrokerPostgres = "postgres"
+	BrokerKafka    = "kafka"
+	BrokerRedis    = "redis"
+)
+
+// Defaults of Config. docs/configuration.md lists them; a test keeps the two in
+// step, and another keeps the ones mirrored from the transports equal to the
+// transports' own constants.
+const (
+	DefaultBroker             = BrokerMemory
+	DefaultPostgresURL        = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	DefaultPostgresMaxConns   = 10
+	DefaultQueueTable         = "omnibus_queue"
+	DefaultKafkaClientID      = "omnibus"
+	DefaultKafkaVersion       = "2.8.0"
+	DefaultKafkaInitialOffset = "oldest"
+	DefaultKafkaDeadLetter    = "{topic}.dlq"
+	DefaultKafkaMaxInFlight   = 64
+	DefaultRedisAddr          = "127.0.0.1:6379"
+	DefaultRedisOrdering      = "key"
+	DefaultOutboxTable        = "omnibus_outbox"
+	DefaultInboxTable         = "omnibus_inbox"
+	DefaultConsumerGroup      = "omnibus"
+	DefaultMaxAttempts        = 6
+	DefaultRetention          = 7 * 24 * time.Hour
+	DefaultRetryBase          = 10 * time.Second
+	DefaultRetryCap           = time.Hour
+	DefaultTransientDelay     = time.Second
+	DefaultRelayBatchSize     = 100
+	DefaultRelayRunLength     = 16
+	DefaultRelayLease         = 30 * time.Second
+	DefaultRelayPollInterval  = time.Second
+	DefaultRelayTimeout       = 30 * time.Second
+	DefaultRelayFailedPolicy  = "skip"
+	DefaultBreakerThreshold   = 5
+	DefaultBreakerOpenTimeout = 5 * time.Second
+	DefaultRelayCloseTimeout  = 30 * time.Second
+	DefaultLogLevel           = "info"
+	DefaultLogFormat          = "text"
+	DefaultMetricsAddr        = ":9464"
+	// MetricsOff as observability.metrics_addr turns the metrics endpoint off.
+	MetricsOff = "-"
+)
+
+const (
+	envPrefix           = "OMNIBUS_"
+	maxIdentifierLength = 63
+)
+
+// ErrInvalidConfig is wrapped by every error LoadConfig, ParseConfig,
+// ApplyEnv and Validate return: test for it with errors.Is. Programs exit
+// with a usage status on it (the omnibus command exits 2).
+var ErrInvalidConfig = errors.New("invalid config")
+
+// ConfigError names a configuration key (as written in YAML, dotted) and what
+// is wrong with it.
+type ConfigError struct {
+	// Field is the dotted YAML key ("kafka.sasl.password"); "" for the file as a whole.
+	Field string
+	// Reason says what is wrong, with the accepted values where there is a list.
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Field == "" {
+		return ErrInvalidConfig.Error() + ": " + e.Reason
+	}
+	return ErrInvalidConfig.Error() + ": " + e.Field + ": " + e.Reason
+}
+
+// Is makes every ConfigError match ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Config is the configuration of an omnibus service: which broker to use and
+// how to reach it, the outbox and inbox tables, retries, the processors and
+// observability. Load it with LoadConfig (a YAML file, then OMNIBUS_*
+// environment variables, which win), or build it in code: zero values mean
+// the defaults (the Default* constants), so Config{} is a valid in-memory bus.
+//
+// Printing a Config (String, %v, slog) never shows a secret: passwords, the
+// password inside the PostgreSQL URL and the SASL password are redacted.
+type Config struct {
+	// Broker selects the transport: memory, postgres, kafka or redis (or the
+	// name of a transport registered with RegisterBroker). Default memory.
+	// Switching brokers is a change of this key (and the broker's section),
+	// not of code.
+	Broker string `yaml:"broker"`
+	// Postgres is the database of the outbox and inbox tables (and of the
+	// postgres broker).
+	Postgres PostgresConfig `yaml:"postgres"`
+	// Kafka configures the kafka broker.
+	Kafka KafkaConfig `yaml:"kafka"`
+	// Redis configures the redis broker (Redis Streams).
+	Redis RedisConfig `yaml:"redis"`
+	// Outbox configures the outbox table.
+	Outbox OutboxConfig `yaml:"outbox"`
+	// Inbox configures the inbox table and what the ingest receives.
+	Inbox InboxConfig `yaml:"inbox"`
+	// Retry configures the backoff of counted and transient failures.
+	Retry RetryConfig `yaml:"retry"`
+	// Relay configures the processors' fetch, lease and protection settings.
+	Relay RelayConfig `yaml:"relay"`
+	// Observability configures logs and the metrics endpoint.
+	Observability ObservabilityConfig `yaml:"observability"`
+}
+
+// PostgresConfig is the database connection.
+type PostgresConfig struct {
+	// URL is the connection string, postgres://user:password@host:port/db?…
+	// or key=value form. Default DefaultPostgresURL (a local development
+	// server). Its password is redacted when printed.
+	URL string `yaml:"url" secret:"dsn"`
+	// MaxConns bounds the connection pool. Default DefaultPostgresMaxConns.
+	MaxConns int `yaml:"max_conns"`
+	// QueueTable is the table the postgres broker publishes into (an inbox
+	// table: one row per message and consumer group). Default DefaultQueueTable.
+	QueueTable string `yaml:"queue_table"`
+	// QueueGroups are the consumer groups a message published to the postgres
+	// broker is delivered to: each gets its own row, so each group receives
+	// every message once. Default: inbox.consumer_group.
+	QueueGroups []string `yaml:"queue_groups"`
+}
+
+// KafkaConfig is the connection to a Kafka cluster.
+type KafkaConfig struct {
+	// Brokers are the bootstrap brokers as host:port. Required when broker
+	// is kafka (omnibus demo starts an in-process cluster when empty).
+	Brokers []string `yaml:"brokers"`
+	// ClientID names this client to the brokers. Default DefaultKafkaClientID.
+	ClientID string `yaml:"client_id"`
+	// Version is the oldest broker version to speak to, major.minor.patch.
+	// Default DefaultKafkaVersion.
+	Version string `yaml:"version"`
+	// TLS secures the connections. Off by default.
+	TLS KafkaTLSConfig `yaml:"tls"`
+	// SASL authenticates the connections. Off by default.
+	SASL KafkaSASLConfig `yaml:"sasl"`
+	// InitialOffset is where a new consumer group starts: oldest or newest.
+	// Default oldest.
+	InitialOffset string `yaml:"initial_offset"`
+	// DeadLetterTopic receives the records a consumer gives up on; {topic}
+	// stands for the source topic, "-" turns dead letters off. Default
+	// DefaultKafkaDeadLetter.
+	DeadLetterTopic string `yaml:"dead_letter_topic"`
+	// MaxInFlight is how many records of one partition are handled at once
+	// (records of one key always one after another). Default
+	// DefaultKafkaMaxInFlight.
+	MaxInFlight int `yaml:"max_in_flight"`
+}
+
+// KafkaTLSConfig secures the connections to the brokers.
+type KafkaTLSConfig struct {
+	// Enable turns TLS on; setting a file or server name turns it on too.
+	Enable bool `yaml:"enable"`
+	// CAFile is a PEM file of the authorities that verify the brokers;
+	// empty means the system roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and key (mutual TLS):
+	// both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is checked against the brokers' certificates instead of the
+	// host name dialled.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify accepts any certificate. For tests only.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// KafkaSASLConfig authenticates the connections to the brokers.
+type KafkaSASLConfig struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty means no SASL.
+	Mechanism string `yaml:"mechanism"`
+	// User and Password are the credentials; the password is redacted when
+	// printed.
+	User     string `yaml:"user"`
+	Password string `yaml:"password" secret:"true"`
+}
+
+// RedisConfig is the connection to a Redis server (Streams).
+type RedisConfig struct {
+	// Addr is host:port. Default DefaultRedisAddr.
+	Addr string `yaml:"addr"`
+	// Username and Password authenticate (Redis ACL); the password is
+	// redacted when printed.
+	Username string `yaml:"username"`
+	Password string `yaml:"password" secret:"true"`
+	// DB selects the database. Default 0.
+	DB int `yaml:"db"`
+	// TLS turns TLS on.
+	TLS bool `yaml:"tls"`
+	// StreamPrefix is prepended to a topic to name its stream. Default none.
+	StreamPrefix string `yaml:"stream_prefix"`
+	// MaxLen trims streams to about this many entries (MAXLEN ~); 0 (the
+	// default) never trims. Trimming ignores consumer groups: see the redis
+	// package documentation before turning it on.
+	MaxLen int64 `yaml:"max_len"`
+	// Ordering is key (entries of one partition key are handed out one at a
+	// time, in stream order, within a subscription) or none. Default key.
+	Ordering string `yaml:"ordering"`
+}
+
+// OutboxConfig configures the outbox table.
+type OutboxConfig struct {
+	// Table is the outbox table, optionally schema-qualified. Default
+	// DefaultOutboxTable.
+	Table string `yaml:"table"`
+	// MaxAttempts is the attempt budget of events that do not set their own.
+	// Default DefaultMaxAttempts.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Retention is how long completed rows are kept before cleanup deletes
+	// them. Default DefaultRetention (7 days).
+	Retention time.Duration `yaml:"retention"`
+}
+
+// InboxConfig configures the inbox table and what the ingest receives.
+type InboxConfig struct {
+	// Table is the inbox table, optionally schema-qualified. Default
+	// DefaultInboxTable.
+	Table string `yaml:"table"`
+	// ConsumerGroup is the group this service receives as: the broker's
+	// consumer group and the inbox rows' group. Default DefaultConsumerGroup.
+	ConsumerGroup string `yaml:"consumer_group"`
+	// Topics are the broker topics the ingest stores into the inbox.
+	// Required by `omnibus ingest`.
+	Topics []string `yaml:"topics"`
+	// MaxAttempts is the attempt budget of stored messages. Default
+	// DefaultMaxAttempts.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Retention is how long completed rows are kept before cleanup deletes
+	// them. Default DefaultRetention.
+	Retention time.Duration `yaml:"retention"`
+}
+
+// RetryConfig configures the backoff between tries (equal jitter: the delay
+// after the k-th failure is drawn from [d/2, d] with d = min(cap, base·2^k)).
+type RetryConfig struct {
+	// Base is the first backoff step. Default DefaultRetryBase; a negative
+	// value means no delay (retry on the next cycle).
+	Base time.Duration `yaml:"base"`
+	// Cap bounds one backoff step. Default DefaultRetryCap.
+	Cap time.Duration `yaml:"cap"`
+	// TransientDelay is when a transient failure (broker down, timeout, open
+	// breaker) is tried again; it spends no attempt. Default DefaultTransientDelay.
+	TransientDelay time.Duration `yaml:"transient_delay"`
+}
+
+// RelayConfig configures the processors: the outbox relay and, over the
+// inbox, the dispatcher (fetch and lease settings), and the ingest (timeout
+// and breaker).
+type RelayConfig struct {
+	// BatchSize is how many keys (and unkeyed rows) one fetch takes.
+	// Default DefaultRelayBatchSize.
+	BatchSize int `yaml:"batch_size"`
+	// RunLength is how many rows of one key one fetch takes; 1 is head-only.
+	// Default DefaultRelayRunLength.
+	RunLength int `yaml:"run_length"`
+	// Lease is how long fetched rows stay reserved; renewed while handled.
+	// Default DefaultRelayLease.
+	Lease time.Duration `yaml:"lease"`
+	// PollInterval is how often the table is polled without a notification.
+	// Default DefaultRelayPollInterval.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// Timeout bounds one publish or handler call; a timeout is transient.
+	// Default DefaultRelayTimeout.
+	Timeout time.Duration `yaml:"timeout"`
+	// FailedPolicy is skip (a failed row does not hold its key back) or block
+	// (the key stays frozen behind it until an operator acts). Default skip.
+	FailedPolicy string `yaml:"failed_policy"`
+	// BreakerThreshold is how many failures in a row open the circuit breaker.
+	// Default DefaultBreakerThreshold.
+	BreakerThreshold int `yaml:"breaker_threshold"`
+	// BreakerOpenTimeout is how long the breaker stays open before a probe.
+	// Default DefaultBreakerOpenTimeout.
+	BreakerOpenTimeout time.Duration `yaml:"breaker_open_timeout"`
+	// CloseTimeout is how long a stopping processor waits for in-flight
+	// messages before it releases their rows. Default DefaultRelayCloseTimeout.
+	CloseTimeout time.Duration `yaml:"close_timeout"`
+}
+
+// ObservabilityConfig configures logs and metrics.
+type ObservabilityConfig struct {
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `yaml:"log_level"`
+	// LogFormat is text or json. Default text.
+	LogFormat string `yaml:"log_format"`
+	// MetricsAddr is where `omnibus relay` and `omnibus ingest` serve
+	// /metrics and /healthz, host:port; "-" turns the endpoint off. Default
+	// DefaultMetricsAddr.
+	MetricsAddr string `yaml:"metrics_addr"`
+}
+
+// LoadConfig reads the YAML file at path (none when path is ""), then applies
+// the OMNIBUS_* environment variables, which win over the file, fills in the
+// defaults and validates the result. Every error wraps ErrInvalidConfig and
+// names the key at fault.
+//
+// An environment variable's name is OMNIBUS_ followed by the key's dotted
+// path in upper case with underscores: postgres.url is OMNIBUS_POSTGRES_URL,
+// kafka.sasl.password is OMNIBUS_KAFKA_SASL_PASSWORD. Lists are
+// comma-separated (OMNIBUS_KAFKA_BROKERS=a:9092,b:9092), durations are Go
+// durations (30s, 1h30m).
+func LoadConfig(path string) (Config, error) {
+	return loadConfig(path, os.LookupEnv)
+}
+
+func loadConfig(path string, lookup func(string) (string, bool)) (Config, error) {
+	var cfg Config
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, &ConfigError{Reason: fmt.Sprintf("read config file: %v", err)}
+		}
+		if cfg, err = ParseConfig(data); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if err := cfg.ApplyEnv(lookup); err != nil {
+		return Config{}, err
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes a YAML document into a Config. Unknown keys are an
+// error (a misspelled key must not be ignored silently). Defaults are not
+// applied and nothing is validated.
+func ParseConfig(data []byte) (Config, error) {
+	var cfg Config
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, &ConfigError{Reason: "parse YAML: " + nameYAMLKeys(data, strings.TrimPrefix(err.Error(), "yaml: "))}
+	}
+	return cfg, nil
+}
+
+var yamlLineRE = regexp.MustCompile(`line (\d+): `)
+
+// nameYAMLKeys puts the dotted key in front of each "line N: " of a YAML
+// decoding error, so that the message names the key at fault.
+func nameYAMLKeys(data []byte, msg string) string {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil || len(root.Content) == 0 {
+		return msg
+	}
+	keys := map[int]string{}
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		if n.Kind != yaml.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			key := k.Value
+			if prefix != "" {
+				key = prefix + "." + key
+			}
+			keys[k.Line] = key
+			if v.Line != k.Line {
+				keys[v.Line] = key
+			}
+			walk(v, key)
+		}
+	}
+	walk(root.Content[0], "")
+	return yamlLineRE.ReplaceAllStringFunc(msg, func(m string) string {
+		line, _ := strconv.Atoi(yamlLineRE.FindStringSubmatch(m)[1])
+		if key, ok := keys[line]; ok {
+			return key + " (" + m[:len(m)-2] + "): "
+		}
+		return m
+	})
+}
+
+// ApplyEnv overrides c's keys with the OMNIBUS_* variables lookup finds
+// (os.LookupEnv in LoadConfig). A variable set to "" sets the key to its zero
+// value, which means its default.
+func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
+	var errs []error
+	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, _ reflect.StructField, v reflect.Value) {
+		name := EnvName(key)
+		raw, ok := lookup(name)
+		if !ok {
+			return
+		}
+		if err := setFromString(v, raw); err != nil {
+			errs = append(errs, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%q: %v", name, raw, err)})
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// EnvName returns the environment variable that sets the dotted key:
+// EnvName("kafka.sasl.password") is "OMNIBUS_KAFKA_SASL_PASSWORD".
+func EnvName(key string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+func setFromString(v reflect.Value, raw string) error {
+	raw = strings.TrimSpace(raw)
+	switch {
+	case v.Type() == reflect.TypeFor[time.Duration]():
+		if raw == "" {
+			v.SetInt(0)
+			return nil
+		}
+		d, err := time.ParseDuration(raw)
+		if err != nil {
+			return errors.New("not a duration (examples: 500ms, 30s, 1h)")
+		}
+		v.SetInt(int64(d))
+	case v.Kind() == reflect.String:
+		v.SetString(raw)
+	case v.Kind() == reflect.Bool:
+		if raw == "" {
+			v.SetBool(false)
+			return nil
+		}
+		b, err := strconv.ParseBool(raw)
+		if err != nil {
+			return errors.New("not a boolean (true or false)")
+		}
+		v.SetBool(b)
+	case v.Kind() == reflect.Int || v.Kind() == reflect.Int64:
+		if raw == "" {
+			v.SetInt(0)
+			return nil
+		}
+		n, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || v.OverflowInt(n) {
+			return errors.New("not an integer")
+		}
+		v.SetInt(n)
+	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
+		var items []string
+		for item := range strings.SplitSeq(raw, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				items = append(items, item)
+			}
+		}
+		v.Set(reflect.ValueOf(items))
+	default:
+		return fmt.Errorf("unsupported type %s", v.Type())
+	}
+	return nil
+}
+
+// walkConfig calls fn for every leaf key of the struct v, depth first in
+// declaration order, with its dotted YAML path.
+func walkConfig(v reflect.Value, prefix string, fn func(key string, f reflect.StructField, v reflect.Value)) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		key := name
+		if prefix != "" {
+			key = prefix + "." + name
+		}
+		fv := v.Field(i)
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]() {
+			walkConfig(fv, key, fn)
+			continue
+		}
+		fn(key, f, fv)
+	}
+}
+
+// ConfigKeys returns every configuration key, dotted, in the order of the struct.
+func ConfigKeys() []string {
+	var keys []string
+	var c Config
+	walkConfig(reflect.ValueOf(&c).Elem(), "", func(key string, _ reflect.StructField, _ reflect.Value) {
+		keys = append(keys, key)
+	})
+	return keys
+}
+
+// WithDefaults returns c with every zero key set to its default.
+func (c Config) WithDefaults() Config {
+	setDefault(&c.Broker, DefaultBroker)
+	setDefault(&c.Postgres.URL, DefaultPostgresURL)
+	setDefault(&c.Postgres.MaxConns, DefaultPostgresMaxConns)
+	setDefault(&c.Postgres.QueueTable, DefaultQueueTable)
+	setDefault(&c.Kafka.ClientID, DefaultKafkaClientID)
+	setDefault(&c.Kafka.Version, DefaultKafkaVersion)
+	setDefault(&c.Kafka.InitialOffset, DefaultKafkaInitialOffset)
+	setDefault(&c.Kafka.DeadLetterTopic, DefaultKafkaDeadLetter)
+	setDefault(&c.Kafka.MaxInFlight, DefaultKafkaMaxInFlight)
+	setDefault(&c.Redis.Addr, DefaultRedisAddr)
+	setDefault(&c.Redis.Ordering, DefaultRedisOrdering)
+	setDefault(&c.Outbox.Table, DefaultOutboxTable)
+	setDefault(&c.Outbox.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.Outbox.Retention, DefaultRetention)
+	setDefault(&c.Inbox.Table, DefaultInboxTable)
+	setDefault(&c.Inbox.ConsumerGroup, DefaultConsumerGroup)
+	setDefault(&c.Inbox.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.Inbox.Retention, DefaultRetention)
+	if len(c.Postgres.QueueGroups) == 0 {
+		c.Postgres.QueueGroups = []string{c.Inbox.ConsumerGroup}
+	} else {
+		c.Postgres.QueueGroups = slices.Clone(c.Postgres.QueueGroups)
+	}
+	c.Kafka.Brokers = slices.Clone(c.Kafka.Brokers)
+	c.Inbox.Topics = slices.Clone(c.Inbox.Topics)
+	setDefault(&c.Retry.Base, DefaultRetryBase)
+	setDefault(&c.Retry.Cap, DefaultRetryCap)
+	setDefault(&c.Retry.TransientDelay, DefaultTransientDelay)
+	setDefault(&c.Relay.BatchSize, DefaultRelayBatchSize)
+	setDefault(&c.Relay.RunLength, DefaultRelayRunLength)
+	setDefault(&c.Relay.Lease, DefaultRelayLease)
+	setDefault(&c.Relay.PollInterval, DefaultRelayPollInterval)
+	setDefault(&c.Relay.Timeout, DefaultRelayTimeout)
+	setDefault(&c.Relay.FailedPolicy, DefaultRelayFailedPolicy)
+	setDefault(&c.Relay.BreakerThreshold, DefaultBreakerThreshold)
+	setDefault(&c.Relay.BreakerOpenTimeout, DefaultBreakerOpenTimeout)
+	setDefault(&c.Relay.CloseTimeout, DefaultRelayCloseTimeout)
+	setDefault(&c.Observability.LogLevel, DefaultLogLevel)
+	setDefault(&c.Observability.LogFormat, DefaultLogFormat)
+	setDefault(&c.Observability.MetricsAddr, DefaultMetricsAddr)
+	return c
+}
+
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+var (
+	identRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
+	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
+)
+
+// Validate reports every invalid key of c (zero keys stand for their
+// defaults and are valid), joined; each is a *ConfigError naming the key and,
+// where there is a list, the accepted values. It checks what can be known
+// without connecting: required keys of the selected broker, enumerations,
+// ranges, table names, addresses.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	oneOf := func(field, value string, accepted ...string) {
+		if !slices.Contains(accepted, value) {
+			bad(field, "%q is not one of %s", value, strings.Join(accepted, ", "))
+		}
+	}
+	notNegative := func(field string, n int64) {
+		if n < 0 {
+			bad(field, "must not be negative, got %d", n)
+		}
+	}
+	notNegativeDur := func(field string, d time.Duration) {
+		if d < 0 {
+			bad(field, "must not be negative, got %s", d)
+		}
+	}
+	table := func(field, name string) {
+		if !identRE.MatchString(name) || len(name) > 2*maxIdentifierLength+1 {
+			bad(field, "%q is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", name)
+			return
+		}
+		for part := range strings.SplitSeq(name, ".") {
+			if len(part) > maxIdentifierLength {
+				bad(field, "%q: %q is longer than %d bytes", name, part, maxIdentifierLength)
+			}
+		}
+	}
+	hostPort := func(field, addr string) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || port == "" {
+			bad(field, "%q is not host:port", addr)
+			return
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad(field, "%q: port %q is not a number from 0 to 65535", addr, port)
+		}
+		_ = host
+	}
+
+	brokers := append([]string{BrokerMemory, BrokerPostgres, BrokerKafka, BrokerRedis}, extraBrokers()...)
+	oneOf("broker", c.Broker, brokers...)
+
+	// postgres
+	if err := checkPostgresURL(c.Postgres.URL); err != nil {
+		bad("postgres.url", "%v", err)
+	}
+	notNegative("postgres.max_conns", int64(c.Postgres.MaxConns))
+	table("postgres.queue_table", c.Postgres.QueueTable)
+	for i, g := range c.Postgres.QueueGroups {
+		if strings.TrimSpace(g) == "" {
+			bad(fmt.Sprintf("postgres.queue_groups[%d]", i), "must not be empty")
+		}
+	}
+	if dup := firstDuplicate(c.Postgres.QueueGroups); dup != "" {
+		bad("postgres.queue_groups", "%q is listed twice", dup)
+	}
+
+	// kafka
+	if c.Broker == BrokerKafka && len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "required when broker is kafka (host:port list; env %s=host1:9092,host2:9092)", EnvName("kafka.brokers"))
+	}
+	for i, b := range c.Kafka.Brokers {
+		hostPort(fmt.Sprintf("kafka.brokers[%d]", i), b)
+	}
+	if !versionRE.MatchString(c.Kafka.Version) {
+		bad("kafka.version", "%q is not major.minor.patch (for example 2.8.0)", c.Kafka.Version)
+	}
+	oneOf("kafka.initial_offset", c.Kafka.InitialOffset, "oldest", "newest")
+	notNegative("kafka.max_in_flight", int64(c.Kafka.MaxInFlight))
+	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
+		bad("kafka.tls.cert_file", "cert_file and key_file go together: set both or neither")
+	}
+	oneOf("kafka.sasl.mechanism", c.Kafka.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+	if c.Kafka.SASL.Mechanism != "" {
+		if c.Kafka.SASL.User == "" {
+			bad("kafka.sasl.user", "required when kafka.sasl.mechanism is set")
+		}
+		if c.Kafka.SASL.Password == "" {
+			bad("kafka.sasl.password", "required when kafka.sasl.mechanism is set")
+		}
+	}
+
+	// redis
+	hostPort("redis.addr", c.Redis.Addr)
+	notNegative("redis.db", int64(c.Redis.DB))
+	notNegative("redis.max_len", c.Redis.MaxLen)
+	oneOf("redis.ordering", c.Redis.Ordering, "key", "none")
+
+	// outbox and inbox
+	table("outbox.table", c.Outbox.Table)
+	notNegative("outbox.max_attempts", int64(c.Outbox.MaxAttempts))
+	notNegativeDur("outbox.retention", c.Outbox.Retention)
+	table("inbox.table", c.Inbox.Table)
+	if c.Inbox.Table == c.Outbox.Table {
+		bad("inbox.table", "%q is also outbox.table: the outbox and the inbox need tables of their own", c.Inbox.Table)
+	}
+	if c.Postgres.QueueTable == c.Outbox.Table || c.Postgres.QueueTable == c.Inbox.Table {
+		bad("postgres.queue_table", "%q is also the outbox or inbox table: the postgres broker needs a table of its own", c.Postgres.QueueTable)
+	}
+	if strings.TrimSpace(c.Inbox.ConsumerGroup) != c.Inbox.ConsumerGroup {
+		bad("inbox.consumer_group", "%q has leading or trailing spaces", c.Inbox.ConsumerGroup)
+	}
+	for i, t := range c.Inbox.Topics {
+		if strings.TrimSpace(t) == "" {
+			bad(fmt.Sprintf("inbox.topics[%d]", i), "must not be empty")
+		}
+	}
+	if dup := firstDuplicate(c.Inbox.Topics); dup != "" {
+		bad("inbox.topics", "%q is listed twice", dup)
+	}
+	notNegative("inbox.max_attempts", int64(c.Inbox.MaxAttempts))
+	notNegativeDur("inbox.retention", c.Inbox.Retention)
+
+	// retry
+	if c.Retry.Base > 0 && c.Retry.Cap < c.Retry.Base {
+		bad("retry.cap", "%s is less than retry.base (%s)", c.Retry.Cap, c.Retry.Base)
+	}
+	notNegativeDur("retry.cap", c.Retry.Cap)
+	notNegativeDur("retry.transient_delay", c.Retry.TransientDelay)
+
+	// relay
+	notNegative("relay.batch_size", int64(c.Relay.BatchSize))
+	notNegative("relay.run_length", int64(c.Relay.RunLength))
+	notNegativeDur("relay.lease", c.Relay.Lease)
+	if c.Relay.Lease > 0 && c.Relay.Lease < time.Second {
+		bad("relay.lease", "%s is too short: at least 1s", c.Relay.Lease)
+	}
+	notNegativeDur("relay.poll_interval", c.Relay.PollInterval)
+	notNegativeDur("relay.timeout", c.Relay.Timeout)
+	oneOf("relay.failed_policy", c.Relay.FailedPolicy, "skip", "block")
+	notNegative("relay.breaker_threshold", int64(c.Relay.BreakerThreshold))
+	notNegativeDur("relay.breaker_open_timeout", c.Relay.BreakerOpenTimeout)
+	notNegativeDur("relay.close_timeout", c.Relay.CloseTimeout)
+
+	// observability
+	oneOf("observability.log_level", c.Observability.LogLevel, "debug", "info", "warn", "error")
+	oneOf("observability.log_format", c.Observability.LogFormat, "text", "json")
+	if c.Observability.MetricsAddr != MetricsOff {
+		hostPort("observability.metrics_addr", c.Observability.MetricsAddr)
+	}
+	return errors.Join(errs...)
+}
+
+func firstDuplicate(items []string) string {
+	seen := make(map[string]bool, len(items))
+	for _, it := range items {
+		if seen[it] {
+			return it
+		}
+		seen[it] = true
+	}
+	return ""
+}
+
+// checkPostgresURL accepts a postgres:// or postgresql:// URL or a libpq
+// key=value string; the driver parses it for real when connecting.
+func checkPostgresURL(s string) error {
+	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
+		if _, err := url.Parse(s); err != nil {
+			return fmt.Errorf("not a valid URL: %v", redactErr(err, s))
+		}
+		return nil
+	}
+	if strings.Contains(s, "=") {
+		return nil
+	}
+	return fmt.Errorf("%q is neither a postgres:// URL nor a key=value connection string", RedactDSN(s))
+}
+
+// redactErr removes s (which may carry a password) from err's text.
+func redactErr(err error, s string) string {
+	return strings.ReplaceAll(err.Error(), s, RedactDSN(s))
+}

@@ -1,0 +1,286 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestConfig_ZeroIsAValidMemoryBus(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, Config{}.Validate())
+	c := Config{}.WithDefaults()
+	assert.Equal(t, BrokerMemory, c.Broker)
+	assert.Equal(t, DefaultOutboxTable, c.Outbox.Table)
+	assert.Equal(t, []string{DefaultConsumerGroup}, c.Postgres.QueueGroups, "queue groups default to the inbox group")
+	assert.Equal(t, DefaultRetention, c.Inbox.Retention)
+	assert.Equal(t, c, c.WithDefaults(), "WithDefaults is idempotent")
+}
+
+func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		field  string
+		reason string
+	}{
+		{"unknown broker", func(c *Config) { c.Broker = "rabbitmq" }, "broker", `"rabbitmq" is not one of memory, postgres, kafka, redis`},
+		{"postgres url", func(c *Config) { c.Postgres.URL = "localhost" }, "postgres.url", "neither a postgres:// URL nor a key=value"},
+		{"postgres url unparsable", func(c *Config) { c.Postgres.URL = "postgres://u:pw@h:badport/db%zz" }, "postgres.url", "not a valid URL"},
+		{"max conns", func(c *Config) { c.Postgres.MaxConns = -1 }, "postgres.max_conns", "must not be negative"},
+		{"queue table", func(c *Config) { c.Postgres.QueueTable = "1queue" }, "postgres.queue_table", "not a table name"},
+		{"queue table shared", func(c *Config) { c.Postgres.QueueTable = DefaultOutboxTable }, "postgres.queue_table", "needs a table of its own"},
+		{"queue group empty", func(c *Config) { c.Postgres.QueueGroups = []string{"a", " "} }, "postgres.queue_groups[1]", "must not be empty"},
+		{"queue group twice", func(c *Config) { c.Postgres.QueueGroups = []string{"a", "a"} }, "postgres.queue_groups", `"a" is listed twice`},
+		{"kafka brokers required", func(c *Config) { c.Broker = BrokerKafka }, "kafka.brokers", "required when broker is kafka"},
+		{"kafka broker address", func(c *Config) { c.Kafka.Brokers = []string{"localhost"} }, "kafka.brokers[0]", "not host:port"},
+		{"kafka broker port", func(c *Config) { c.Kafka.Brokers = []string{"localhost:99999"} }, "kafka.brokers[0]", "port"},
+		{"kafka version", func(c *Config) { c.Kafka.Version = "3" }, "kafka.version", "not major.minor.patch"},
+		{"kafka offset", func(c *Config) { c.Kafka.InitialOffset = "latest" }, "kafka.initial_offset", `"latest" is not one of oldest, newest`},
+		{"kafka in flight", func(c *Config) { c.Kafka.MaxInFlight = -2 }, "kafka.max_in_flight", "must not be negative"},
+		{"kafka tls pair", func(c *Config) { c.Kafka.TLS.CertFile = "c.pem" }, "kafka.tls.cert_file", "set both or neither"},
+		{"kafka sasl mechanism", func(c *Config) { c.Kafka.SASL.Mechanism = "GSSAPI" }, "kafka.sasl.mechanism", "is not one of , PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"},
+		{"kafka sasl user", func(c *Config) { c.Kafka.SASL = KafkaSASLConfig{Mechanism: "PLAIN", Password: "p"} }, "kafka.sasl.user", "required when kafka.sasl.mechanism is set"},
+		{"kafka sasl password", func(c *Config) { c.Kafka.SASL = KafkaSASLConfig{Mechanism: "PLAIN", User: "u"} }, "kafka.sasl.password", "required when kafka.sasl.mechanism is set"},
+		{"redis addr", func(c *Config) { c.Redis.Addr = "redis" }, "redis.addr", "not host:port"},
+		{"redis db", func(c *Config) { c.Redis.DB = -1 }, "redis.db", "must not be negative"},
+		{"redis max len", func(c *Config) { c.Redis.MaxLen = -1 }, "redis.max_len", "must not be negative"},
+		{"redis ordering", func(c *Config) { c.Redis.Ordering = "strict" }, "redis.ordering", `"strict" is not one of key, none`},
+		{"outbox table", func(c *Config) { c.Outbox.Table = "a.b.c" }, "outbox.table", "not a table name"},
+		{"outbox table too long", func(c *Config) { c.Outbox.Table = strings.Repeat("t", 64) }, "outbox.table", "longer than 63 bytes"},
+		{"outbox attempts", func(c *Config) { c.Outbox.MaxAttempts = -1 }, "outbox.max_attempts", "must not be negative"},
+		{"outbox retention", func(c *Config) { c.Outbox.Retention = -time.Hour }, "outbox.retention", "must not be negative"},
+		{"inbox table", func(c *Config) { c.Inbox.Table = "in box" }, "inbox.table", "not a table name"},
+		{"inbox is outbox", func(c *Config) { c.Inbox.Table = DefaultOutboxTable }, "inbox.table", "also outbox.table"},
+		{"inbox group spaces", func(c *Config) { c.Inbox.ConsumerGroup = " g" }, "inbox.consumer_group", "leading or trailing spaces"},
+		{"inbox topic empty", func(c *Config) { c.Inbox.Topics = []string{""} }, "inbox.topics[0]", "must not be empty"},
+		{"inbox topic twice", func(c *Config) { c.Inbox.Topics = []string{"o", "o"} }, "inbox.topics", `"o" is listed twice`},
+		{"inbox attempts", func(c *Config) { c.Inbox.MaxAttempts = -3 }, "inbox.max_attempts", "must not be negative"},
+		{"inbox retention", func(c *Config) { c.Inbox.Retention = -1 }, "inbox.retention", "must not be negative"},
+		{"retry cap below base", func(c *Config) { c.Retry.Base, c.Retry.Cap = time.Minute, time.Second }, "retry.cap", "less than retry.base"},
+		{"retry transient", func(c *Config) { c.Retry.TransientDelay = -time.Second }, "retry.transient_delay", "must not be negative"},
+		{"relay batch", func(c *Config) { c.Relay.BatchSize = -1 }, "relay.batch_size", "must not be negative"},
+		{"relay run", func(c *Config) { c.Relay.RunLength = -1 }, "relay.run_length", "must not be negative"},
+		{"relay lease negative", func(c *Config) { c.Relay.Lease = -time.Second }, "relay.lease", "must not be negative"},
+		{"relay lease short", func(c *Config) { c.Relay.Lease = 10 * time.Millisecond }, "relay.lease", "too short"},
+		{"relay poll", func(c *Config) { c.Relay.PollInterval = -1 }, "relay.poll_interval", "must not be negative"},
+		{"relay timeout", func(c *Config) { c.Relay.Timeout = -1 }, "relay.timeout", "must not be negative"},
+		{"relay failed policy", func(c *Config) { c.Relay.FailedPolicy = "drop" }, "relay.failed_policy", `"drop" is not one of skip, block`},
+		{"relay breaker threshold", func(c *Config) { c.Relay.BreakerThreshold = -1 }, "relay.breaker_threshold", "must not be negative"},
+		{"relay breaker timeout", func(c *Config) { c.Relay.BreakerOpenTimeout = -1 }, "relay.breaker_open_timeout", "must not be negative"},
+		{"relay close timeout", func(c *Config) { c.Relay.CloseTimeout = -1 }, "relay.close_timeout", "must not be negative"},
+		{"log level", func(c *Config) { c.Observability.LogLevel = "verbose" }, "observability.log_level", `"verbose" is not one of debug, info, warn, error`},
+		{"log format", func(c *Config) { c.Observability.LogFormat = "xml" }, "observability.log_format", `"xml" is not one of text, json`},
+		{"metrics addr", func(c *Config) { c.Observability.MetricsAddr = "9464" }, "observability.metrics_addr", "not host:port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var c Config
+			tc.mutate(&c)
+			err := c.Validate()
+			require.Error(t, err, "a config with a bad %s must not validate", tc.field)
+			assert.ErrorIs(t, err, ErrInvalidConfig)
+			var ce *ConfigError
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, tc.field, ce.Field, "the error names the key")
+			assert.Contains(t, ce.Reason, tc.reason)
+			assert.Contains(t, err.Error(), "invalid config: "+tc.field+": ")
+		})
+	}
+}
+
+func TestConfig_ValidateReportsEveryBadKey(t *testing.T) {
+	t.Parallel()
+	err := Config{Broker: "x", Redis: RedisConfig{DB: -1}}.Validate()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "broker:")
+	assert.Contains(t, err.Error(), "redis.db:")
+}
+
+func TestConfig_ValidAlternatives(t *testing.T) {
+	t.Parallel()
+	for _, c := range []Config{
+		{Broker: BrokerKafka, Kafka: KafkaConfig{Brokers: []string{"k1:9092", "[::1]:9093"}, SASL: KafkaSASLConfig{Mechanism: "SCRAM-SHA-512", User: "u", Password: "p"}}},
+		{Broker: BrokerRedis, Redis: RedisConfig{Addr: "redis:6380", Ordering: "none"}},
+		{Broker: BrokerPostgres, Postgres: PostgresConfig{URL: "host=db user=app password=secret dbname=app", QueueGroups: []string{"a", "b"}}},
+		{Outbox: OutboxConfig{Table: "events.outbox"}, Inbox: InboxConfig{Table: "events.inbox"}},
+		{Retry: RetryConfig{Base: -1}, Observability: ObservabilityConfig{MetricsAddr: MetricsOff}},
+	} {
+		assert.NoError(t, c.Validate(), "%+v", c)
+	}
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "omnibus.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+	return path
+}
+
+func env(vars map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+}
+
+func TestLoadConfig_EnvironmentWinsOverTheFile(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+broker: redis
+redis:
+  addr: file-redis:6379
+  password: from-file
+kafka:
+  brokers: [file:9092]
+outbox:
+  table: file_outbox
+  retention: 48h
+relay:
+  batch_size: 10
+inbox:
+  topics: [orders]
+`)
+	cfg, err := loadConfig(path, env(map[string]string{
+		"OMNIBUS_BROKER":             "kafka",
+		"OMNIBUS_KAFKA_BROKERS":      "env1:9092, env2:9092",
+		"OMNIBUS_REDIS_PASSWORD":     "from-env",
+		"OMNIBUS_OUTBOX_RETENTION":   "1h30m",
+		"OMNIBUS_RELAY_BATCH_SIZE":   "250",
+		"OMNIBUS_KAFKA_TLS_ENABLE":   "true",
+		"OMNIBUS_INBOX_TOPICS":       "orders,payments",
+		"OMNIBUS_TEST_POSTGRES_URL":  "ignored: not a key",
+		"OMNIBUS_OBSERVABILITY_LOG_": "ignored too",
+	}))
+	require.NoError(t, err)
+	assert.Equal(t, BrokerKafka, cfg.Broker)
+	assert.Equal(t, []string{"env1:9092", "env2:9092"}, cfg.Kafka.Brokers)
+	assert.Equal(t, "file-redis:6379", cfg.Redis.Addr, "keys the environment does not set keep the file's value")
+	assert.Equal(t, "from-env", cfg.Redis.Password)
+	assert.Equal(t, "file_outbox", cfg.Outbox.Table)
+	assert.Equal(t, 90*time.Minute, cfg.Outbox.Retention)
+	assert.Equal(t, 250, cfg.Relay.BatchSize)
+	assert.True(t, cfg.Kafka.TLS.Enable)
+	assert.Equal(t, []string{"orders", "payments"}, cfg.Inbox.Topics)
+	assert.Equal(t, DefaultRelayLease, cfg.Relay.Lease, "defaults fill the rest")
+}
+
+func TestLoadConfig_WithoutAFileReadsTheEnvironment(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig("", env(map[string]string{"OMNIBUS_BROKER": "postgres"}))
+	require.NoError(t, err)
+	assert.Equal(t, BrokerPostgres, cfg.Broker)
+}
+
+func TestLoadConfig_Errors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		file string
+		env  map[string]string
+		want string
+	}{
+		{"unknown key", "brokr: kafka\n", nil, "field brokr not found"},
+		{"unknown nested key", "kafka:\n  broker: [a:1]\n", nil, "field broker not found"},
+		{"wrong type", "relay:\n  batch_size: lots\n", nil, "relay.batch_size (line 2): cannot unmarshal"},
+		{"duration without unit", "relay:\n  lease: 30\n", nil, "relay.lease (line 2): cannot unmarshal !!int `30` into time.Duration"},
+		{"bad env duration", "", map[string]string{"OMNIBUS_RELAY_LEASE": "30"}, "relay.lease: OMNIBUS_RELAY_LEASE=\"30\": not a duration"},
+		{"bad env int", "", map[string]string{"OMNIBUS_POSTGRES_MAX_CONNS": "ten"}, "postgres.max_conns: OMNIBUS_POSTGRES_MAX_CONNS=\"ten\": not an integer"},
+		{"bad env bool", "", map[string]string{"OMNIBUS_REDIS_TLS": "yes please"}, "redis.tls: OMNIBUS_REDIS_TLS=\"yes please\": not a boolean"},
+		{"invalid after merge", "broker: kafka\n", nil, "kafka.brokers: required when broker is kafka"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			path := ""
+			if tc.file != "" {
+				path = writeFile(t, tc.file)
+			}
+			_, err := loadConfig(path, env(tc.env))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	_, err := loadConfig(filepath.Join(t.TempDir(), "missing.yaml"), env(nil))
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "read config file")
+}
+
+func TestLoadConfig_EmptyFileIsAllDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(writeFile(t, "# nothing\n"), env(nil))
+	require.NoError(t, err)
+	assert.Equal(t, Config{}.WithDefaults(), cfg)
+}
+
+func TestEnvName(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "OMNIBUS_KAFKA_SASL_PASSWORD", EnvName("kafka.sasl.password"))
+	assert.Equal(t, "OMNIBUS_POSTGRES_URL", EnvName("postgres.url"))
+	keys := ConfigKeys()
+	assert.Contains(t, keys, "observability.metrics_addr")
+	assert.Contains(t, keys, "kafka.tls.insecure_skip_verify")
+}
+
+func TestConfig_SecretsAreRedactedWheneverPrinted(t *testing.T) {
+	t.Parallel()
+	c := Config{
+		Postgres: PostgresConfig{URL: "postgres://app:pg-secret@db:5432/app?sslmode=require"},
+		Kafka:    KafkaConfig{SASL: KafkaSASLConfig{Mechanism: "PLAIN", User: "kuser", Password: "kafka-secret"}},
+		Redis:    RedisConfig{Password: "redis-secret"},
+	}
+	var logged strings.Builder
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", c)
+	var jsonLogged strings.Builder
+	slog.New(slog.NewJSONHandler(&jsonLogged, nil)).Info("config", "config", c)
+	for name, out := range map[string]string{
+		"String": c.String(),
+		"%v":     fmt.Sprintf("%v", c),
+		"%+v":    fmt.Sprintf("%+v", c),
+		"%#v":    fmt.Sprintf("%#v", c),
+		"%s":     fmt.Sprintf("%s", c),
+		"slog":   logged.String(),
+		"json":   jsonLogged.String(),
+	} {
+		for _, secret := range []string{"pg-secret", "kafka-secret", "redis-secret"} {
+			assert.NotContains(t, out, secret, "%s output shows a secret", name)
+		}
+		assert.Contains(t, out, Redacted, name)
+	}
+	assert.Contains(t, c.String(), "url: postgres://app:REDACTED@db:5432/app?sslmode=require")
+	assert.Contains(t, c.String(), "user: kuser", "non-secret keys are shown")
+	assert.Contains(t, logged.String(), "config.redis.password=REDACTED")
+	assert.Equal(t, "kafka-secret", c.Kafka.SASL.Password, "Redacted does not touch the original")
+	assert.Empty(t, Config{}.Redacted().Redis.Password, "an unset secret stays empty")
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://u:p%40ss@h/db":                       "postgres://u:REDACTED@h/db",
+		"postgresql://u@h/db":                            "postgresql://u@h/db",
+		"postgres://h/db?user=u&password=secret":         "postgres://h/db?password=REDACTED&user=u",
+		"host=h user=u password=secret dbname=d":         "host=h user=u password=REDACTED dbname=d",
+		"host=h password = 'se cret' dbname=d":           "host=h password = REDACTED dbname=d",
+		"postgres://u:sec:ret@h:bad/db%zz":               "postgres://u:REDACTED@h:bad/db%zz",
+		"":                                               "",
+		"parse \"postgres://u:pw@h:x/\": invalid port":   "parse \"postgres://u:pw@h:x/\": invalid port",
+		"host=h PASSWORD=secret":                         "host=h PASSWORD=REDACTED",
+		"postgres://user:pass@host/db?sslmode=disable&x": "postgres://user:REDACTED@host/db?sslmode=disable&x",
+	} {
+		assert.Equal(t, want, RedactDSN(in), in)
+	}
+}
+
+func TestConfigError(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("open: %w", &ConfigError{Field: "broker", Reason: "bad"})
+	assert.True(t, errors.Is(err, ErrInvalidConfig))
+	assert.Equal(t, "open: invalid config: broker: bad", err.Error())
+}

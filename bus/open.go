@@ -1,0 +1,156 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrBusClosed is returned by a Bus used after Close.
+var ErrBusClosed = errors.New("bus: closed")
+
+// OpenOption tunes Open.
+type OpenOption func(*openOptions)
+
+type openOptions struct {
+	logger *slog.Logger
+}
+
+// WithLogger makes the bus and its transport log to l. Without it nothing
+// is logged.
+func WithLogger(l *slog.Logger) OpenOption {
+	return func(o *openOptions) { o.logger = l }
+}
+
+// Bus is an open broker chosen by configuration. A service publishes with
+// Publisher and receives with Subscriber; the same code runs on every broker,
+// so moving a service from Redis to Kafka is a change of Config.Broker.
+//
+// For the outbox and inbox (which need PostgreSQL and so live outside this
+// package), use the omnibus package's Open: it wraps a Bus and adds them.
+type Bus struct {
+	cfg    Config
+	broker Broker
+	logger *slog.Logger
+	pub    message.Publisher
+
+	mu     sync.Mutex
+	subs   []message.Subscriber
+	closed bool
+}
+
+// Open validates cfg (defaults applied), opens the broker it names and
+// returns the Bus. It fails when the config is invalid (an error wrapping
+// ErrInvalidConfig, naming the key), when the broker is not linked into the
+// program (import its transport, or transports/all), or when the broker
+// cannot be reached. Close the Bus when done.
+func Open(ctx context.Context, cfg Config, opts ...OpenOption) (*Bus, error) {
+	var o openOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	factory, err := lookupBroker(cfg.Broker)
+	if err != nil {
+		return nil, err
+	}
+	logger := LoggerOrNop(o.logger).With("broker", cfg.Broker)
+	b, err := factory(ctx, cfg, logger)
+	if err != nil {
+		return nil, fmt.Errorf("open %s broker: %w", cfg.Broker, err)
+	}
+	return &Bus{cfg: cfg, broker: b, logger: logger, pub: sharedPublisher{b.Publisher()}}, nil
+}
+
+// Config returns the configuration the Bus was opened with, defaults applied.
+func (b *Bus) Config() Config { return b.cfg }
+
+// BrokerName returns the name of the broker in use ("memory", "kafka", …).
+func (b *Bus) BrokerName() string { return b.cfg.Broker }
+
+// Broker returns the underlying Broker.
+func (b *Bus) Broker() Broker { return b.broker }
+
+// Publisher returns the broker's publisher. It is shared and owned by the
+// Bus: its Close is a no-op (so a Watermill router that closes the
+// publishers of its handlers does not close it); Bus.Close closes it.
+func (b *Bus) Publisher() message.Publisher { return b.pub }
+
+// Subscriber returns a new subscriber that receives as consumer group group
+// (required): every group receives every message, and within a group each
+// message is handled once. The caller may close it (a router does when it
+// stops); Bus.Close closes it otherwise.
+func (b *Bus) Subscriber(group string) (message.Subscriber, error) {
+	if group == "" {
+		return nil, errors.New("bus: a subscriber needs a consumer group")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrBusClosed
+	}
+	s, err := b.broker.Subscriber(group)
+	if err != nil {
+		return nil, fmt.Errorf("%s subscriber for group %q: %w", b.cfg.Broker, group, err)
+	}
+	s = &onceCloser{Subscriber: s}
+	b.subs = append(b.subs, s)
+	return s, nil
+}
+
+// Close closes the subscribers made by Subscriber that are still open,
+// then the broker (its publisher, clients and pools). It is idempotent.
+func (b *Bus) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	subs := b.subs
+	b.subs = nil
+	b.mu.Unlock()
+	var errs []error
+	for _, s := range subs {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := b.broker.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// sharedPublisher hides Close from those the Bus lends its publisher to.
+type sharedPublisher struct{ message.Publisher }
+
+func (sharedPublisher) Close() error { return nil }
+
+// onceCloser makes a subscriber's Close idempotent, whoever calls it first
+// (a router, the user, Bus.Close).
+type onceCloser struct {
+	message.Subscriber
+	once sync.Once
+	err  error
+}
+
+func (s *onceCloser) Close() error {
+	s.once.Do(func() { s.err = s.Subscriber.Close() })
+	return s.err
+}
+
+// SubscribeInitialize passes through to subscribers that have it.
+func (s *onceCloser) SubscribeInitialize(topic string) error {
+	if si, ok := s.Subscriber.(message.SubscribeInitializer); ok {
+		return si.SubscribeInitialize(topic)
+	}
+	return nil
+}

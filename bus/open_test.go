@@ -1,0 +1,147 @@
+package bus_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
+	_ "github.com/omnibus-go/omnibus/transports/all"
+)
+
+// brokerConfig returns a config for broker whose tables, streams and topics
+// belong to the test.
+func brokerConfig(t *testing.T, broker string) bus.Config {
+	cfg := bus.Config{Broker: broker}
+	switch broker {
+	case bus.BrokerPostgres:
+		testenv.Postgres(t) // fails with instructions when PostgreSQL is down
+		cfg.Postgres.URL = testenv.PostgresURL()
+		cfg.Postgres.MaxConns = 4
+		cfg.Postgres.QueueTable = testenv.Name(t)
+		cfg.Postgres.QueueGroups = []string{"smoke", "other"}
+	case bus.BrokerKafka:
+		cfg.Kafka.Brokers = testenv.Kafka(t)
+	case bus.BrokerRedis:
+		testenv.Redis(t)
+		cfg.Redis.Addr = testenv.RedisAddr()
+		cfg.Redis.StreamPrefix = testenv.RedisPrefix(t)
+	}
+	return cfg
+}
+
+// TestOpen_EveryBrokerPassesTheSmokeTest runs the same code against every
+// broker: only Config.Broker (and the broker's section) changes.
+func TestOpen_EveryBrokerPassesTheSmokeTest(t *testing.T) {
+	t.Parallel()
+	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, bus.BrokerKafka, bus.BrokerRedis} {
+		t.Run(broker, func(t *testing.T) {
+			t.Parallel()
+			smoke(t, brokerConfig(t, broker))
+		})
+	}
+}
+
+func smoke(t *testing.T, cfg bus.Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, err := bus.Open(ctx, cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	assert.Equal(t, cfg.Broker, b.BrokerName())
+
+	topic := testenv.Name(t)
+	sub, err := b.Subscriber("smoke")
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+
+	const perKey = 5
+	keys := []string{"order-1", "order-2"}
+	sent := map[string]*message.Message{}
+	for i := range perKey {
+		for _, k := range keys {
+			msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"key":%q,"seq":%d}`, k, i))
+			bus.SetPartitionKey(msg, k)
+			bus.SetEventType(msg, "order.step")
+			msg.Metadata.Set("seq", fmt.Sprint(i))
+			sent[msg.UUID] = msg
+			require.NoError(t, b.Publisher().Publish(topic, msg))
+		}
+	}
+	require.NoError(t, b.Publisher().Close(), "the shared publisher's Close is a no-op")
+
+	next := map[string]int{}
+	for received := 0; received < len(sent); {
+		select {
+		case msg, ok := <-msgs:
+			require.True(t, ok, "subscription ended after %d of %d messages", received, len(sent))
+			want, known := sent[msg.UUID]
+			require.True(t, known, "unexpected message %s", msg.UUID)
+			assert.Equal(t, string(want.Payload), string(msg.Payload), "payload carried unchanged")
+			for _, k := range []string{bus.KeyPartitionKey, bus.KeyEventType, "seq"} {
+				assert.Equal(t, want.Metadata.Get(k), msg.Metadata.Get(k), "metadata %s carried unchanged", k)
+			}
+			_, hasDelivery := bus.DeliveryOf(msg)
+			assert.True(t, hasDelivery, "every broker puts a bus.Delivery in the context")
+			key := bus.PartitionKey(msg)
+			assert.Equal(t, fmt.Sprint(next[key]), msg.Metadata.Get("seq"), "messages of %s in publish order", key)
+			next[key]++
+			msg.Ack()
+			received++
+		case <-ctx.Done():
+			t.Fatalf("received %d of %d messages before the deadline", received, len(sent))
+		}
+	}
+}
+
+func TestOpen_RefusesInvalidConfigAndUnknownBrokers(t *testing.T) {
+	t.Parallel()
+	_, err := bus.Open(context.Background(), bus.Config{Broker: "nats"})
+	require.ErrorIs(t, err, bus.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), `broker: "nats" is not one of memory, postgres, kafka, redis`)
+
+	_, err = bus.Open(context.Background(), bus.Config{Broker: bus.BrokerKafka})
+	require.ErrorIs(t, err, bus.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "kafka.brokers")
+
+	assert.Equal(t, []string{"kafka", "memory", "postgres", "redis"}, bus.RegisteredBrokers())
+}
+
+func TestOpen_PostgresBrokerServesConfiguredGroupsOnly(t *testing.T) {
+	t.Parallel()
+	cfg := brokerConfig(t, bus.BrokerPostgres)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := bus.Open(ctx, cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	_, err = b.Subscriber("stranger")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `consumer group "stranger" is not in postgres.queue_groups [smoke, other]`)
+
+	// Both configured groups receive the message.
+	topic := testenv.Name(t)
+	msg := message.NewMessage(watermill.NewUUID(), []byte("hi"))
+	require.NoError(t, b.Publisher().Publish(topic, msg))
+	for _, g := range []string{"smoke", "other"} {
+		sub, err := b.Subscriber(g)
+		require.NoError(t, err)
+		ch, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		select {
+		case got := <-ch:
+			assert.Equal(t, msg.UUID, got.UUID, "group %s", g)
+			got.Ack()
+		case <-ctx.Done():
+			t.Fatalf("group %s received nothing", g)
+		}
+	}
+}
