@@ -1,0 +1,77 @@
+package kafka
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+func init() { bus.RegisterBroker(bus.BrokerKafka, openBroker) }
+
+// kafkaBroker is the kafka broker of bus.Open: one shared Publisher (it
+// connects when the broker opens, so an unreachable cluster fails Open) and a
+// consumer-group Subscriber per call.
+type kafkaBroker struct {
+	cfg    bus.Config
+	pub    *Publisher
+	logger *slog.Logger
+}
+
+func openBroker(_ context.Context, cfg bus.Config, logger *slog.Logger) (bus.Broker, error) {
+	pub, err := NewPublisher(PublisherConfigFrom(cfg), logger)
+	if err != nil {
+		return nil, err
+	}
+	return &kafkaBroker{cfg: cfg, pub: pub, logger: logger}, nil
+}
+
+func (b *kafkaBroker) Publisher() message.Publisher { return b.pub }
+
+func (b *kafkaBroker) Subscriber(group string) (message.Subscriber, error) {
+	sc := SubscriberConfigFrom(b.cfg)
+	sc.ConsumerGroup = group
+	return NewSubscriber(sc, b.logger)
+}
+
+func (b *kafkaBroker) Close() error { return b.pub.Close() }
+
+// PublisherConfigFrom maps the kafka section of a bus.Config to a
+// PublisherConfig (the settings it does not name keep their defaults).
+func PublisherConfigFrom(cfg bus.Config) PublisherConfig {
+	cfg = cfg.WithDefaults()
+	k := cfg.Kafka
+	return PublisherConfig{
+		Brokers:      k.Brokers,
+		ClientID:     k.ClientID,
+		KafkaVersion: k.Version,
+		TLS:          tlsFrom(k.TLS),
+		SASL:         SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
+	}
+}
+
+// SubscriberConfigFrom maps the kafka section of a bus.Config to a
+// SubscriberConfig without a consumer group (set ConsumerGroup).
+func SubscriberConfigFrom(cfg bus.Config) SubscriberConfig {
+	cfg = cfg.WithDefaults()
+	k := cfg.Kafka
+	return SubscriberConfig{
+		Brokers:         k.Brokers,
+		ClientID:        k.ClientID,
+		KafkaVersion:    k.Version,
+		TLS:             tlsFrom(k.TLS),
+		SASL:            SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
+		InitialOffset:   InitialOffset(k.InitialOffset),
+		DeadLetterTopic: k.DeadLetterTopic,
+		MaxInFlight:     k.MaxInFlight,
+	}
+}
+
+func tlsFrom(t bus.KafkaTLSConfig) TLSConfig {
+	return TLSConfig{
+		Enable: t.Enable, CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
+		ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify,
+	}
+}

@@ -1,0 +1,64 @@
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+func init() { bus.RegisterBroker(bus.BrokerRedis, openBroker) }
+
+// redisBroker is the redis broker of bus.Open: one client shared by the
+// Publisher and every Subscriber (opened, pinged and closed by the broker).
+// With redis.ordering "key" (the default) subscribers hand out the entries of
+// one partition key one at a time, in stream order.
+type redisBroker struct {
+	cfg    bus.Config
+	client *goredis.Client
+	pub    *Publisher
+	logger *slog.Logger
+}
+
+func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.Broker, error) {
+	r := cfg.Redis
+	opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
+	if r.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := goredis.NewClient(opts)
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("connect to Redis at %s: %w", r.Addr, err)
+	}
+	pub, err := NewPublisher(PublisherConfig{Client: client, StreamPrefix: r.StreamPrefix, MaxLen: r.MaxLen}, logger)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return &redisBroker{cfg: cfg, client: client, pub: pub, logger: logger}, nil
+}
+
+func (b *redisBroker) Publisher() message.Publisher { return b.pub }
+
+func (b *redisBroker) Subscriber(group string) (message.Subscriber, error) {
+	return NewSubscriber(SubscriberConfig{
+		Client:        b.client,
+		StreamPrefix:  b.cfg.Redis.StreamPrefix,
+		ConsumerGroup: group,
+		OrderByKey:    b.cfg.Redis.Ordering != "none",
+	}, b.logger)
+}
+
+func (b *redisBroker) Close() error {
+	err := b.pub.Close()
+	if cerr := b.client.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
