@@ -12,6 +12,8 @@
 //     draining the same shape of outbox into an in-memory sink (both with
 //     their default configuration).
 //
+// Run them with:
+//
 //	cd bench && go test -run '^$' -bench . -benchtime 1x ./inbox/
 //
 // Metrics are reported with b.ReportMetric; timings decide nothing, and
