@@ -100,6 +100,7 @@ func BenchmarkFetch(b *testing.B) {
 			b.ReportMetric(ms(sums[0])/n, "plain-ms")
 			b.ReportMetric(float64(sums[2])/float64(sums[0]), "omnibus/plain-x")
 			b.ReportMetric(ms(sums[1])/n, "plain+lease-ms")
+			b.ReportMetric(float64(sums[2])/float64(sums[1]), "omnibus/plain+lease-x")
 			b.ReportMetric(ms(sums[3])/n, "omnibus-run16-ms")
 		})
 	}

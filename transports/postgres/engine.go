@@ -170,24 +170,36 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	if len(ops) == 0 {
 		return 0, nil
 	}
-	ids := make([]int64, len(ops))
-	kinds := make([]string, len(ops))
-	incs := make([]int32, len(ops))
-	giveUps := make([]bool, len(ops))
-	retryAts := make([]*time.Time, len(ops))
-	errs := make([]*string, len(ops))
-	for i, o := range ops {
-		ids[i], kinds[i], incs[i], giveUps[i], retryAts[i] = o.id, string(o.op), int32(o.inc), o.giveUp, o.retryAt
-		if o.op == 'n' || o.op == 'p' {
-			msg := o.err
-			errs[i] = &msg
+	var (
+		acks, releases []int64
+		ids            []int64
+		kinds          []string
+		incs           []int32
+		giveUps        []bool
+		retryAts       []*time.Time
+		errs           []string
+	)
+	for _, o := range ops {
+		switch o.op {
+		case 'a':
+			acks = append(acks, o.id)
+		case 'r':
+			releases = append(releases, o.id)
+		default:
+			ids = append(ids, o.id)
+			kinds = append(kinds, string(o.op))
+			incs = append(incs, int32(o.inc))
+			giveUps = append(giveUps, o.giveUp)
+			retryAts = append(retryAts, o.retryAt)
+			errs = append(errs, o.err)
 		}
 	}
-	tag, err := e.pool.Exec(ctx, e.q.settle, e.worker, ids, kinds, incs, giveUps, retryAts, errs)
+	var n int64
+	err := e.pool.QueryRow(ctx, e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // reconcile gives back lanes this worker holds: each lane's next ready time

@@ -89,7 +89,7 @@ RETURNING message_id`)
 	// including lanes that yielded nothing, which the caller reconciles.
 	q.fetch = build(`
 WITH lane AS (
-    SELECT l.consumer_group, l.topic, l.partition_key
+    SELECT l.ctid AS lane_ctid, l.consumer_group, l.topic, l.partition_key
     FROM {L} l
     WHERE l.ready_at <= now()
       AND (l.locked_until IS NULL OR l.locked_until < now())
@@ -137,8 +137,7 @@ WITH lane AS (
 ), leased AS (
     UPDATE {L} l
     SET locked_by = $1, locked_until = now() + $2::interval
-    FROM lane
-    WHERE l.consumer_group = lane.consumer_group AND l.topic = lane.topic AND l.partition_key = lane.partition_key
+    WHERE l.ctid = ANY(ARRAY(SELECT lane_ctid FROM lane))
     RETURNING l.consumer_group, l.topic, l.partition_key
 )
 SELECT false AS is_lane, id, event_id, topic, partition_key, event_type, payload, metadata,
@@ -155,25 +154,39 @@ FROM leased`,
 
 	// Settlement of many rows in one statement, guarded by the lease so a
 	// worker whose lease was taken over never clobbers the new holder's row.
-	// op: a = ack, n = nack (may fail the row), p = plain nack (counts an
-	// attempt, keeps the row pending: a Nack without a settlement means
-	// "deliver again", as everywhere in Watermill), r = release (give the row
-	// back untouched).
+	// Acks ($2) and releases ($3, rows given back untouched) are addressed
+	// by id = ANY(...), which the planner always serves from the primary key;
+	// failures ($4..$9, few) carry their own values: op n = nack (may fail
+	// the row), p = plain nack (counts an attempt, keeps the row pending: a
+	// Nack without a settlement means "deliver again", as everywhere in
+	// Watermill).
 	q.settle = build(`
-UPDATE {T} t SET
-    status = CASE
-        WHEN u.op = 'a' THEN 'completed'
-        WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc >= t.max_attempts) THEN 'failed'
-        ELSE t.status END,
-    completed_at = CASE WHEN u.op = 'a' THEN now() ELSE t.completed_at END,
-    attempts     = t.attempts + u.inc,
-    last_error   = CASE WHEN u.op IN ('n', 'p') THEN u.err ELSE t.last_error END,
-    scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
-    locked_by    = NULL,
-    locked_until = NULL
-FROM unnest($2::bigint[], $3::text[], $4::int[], $5::boolean[], $6::timestamptz[], $7::text[])
-     AS u(id, op, inc, give_up, retry_at, err)
-WHERE t.id = u.id AND t.locked_by = $1`)
+WITH acked AS (
+    UPDATE {T} t
+    SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL
+    WHERE t.id = ANY($2::bigint[]) AND t.locked_by = $1
+    RETURNING 1
+), released AS (
+    UPDATE {T} t
+    SET locked_by = NULL, locked_until = NULL
+    WHERE t.id = ANY($3::bigint[]) AND t.locked_by = $1
+    RETURNING 1
+), failed AS (
+    UPDATE {T} t SET
+        status = CASE
+            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc >= t.max_attempts) THEN 'failed'
+            ELSE t.status END,
+        attempts     = t.attempts + u.inc,
+        last_error   = u.err,
+        scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
+        locked_by    = NULL,
+        locked_until = NULL
+    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[])
+         AS u(id, op, inc, give_up, retry_at, err)
+    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)`)
 
 	// Reconciling lanes is two statements in one transaction: lock the lanes
 	// we hold, then (in a later statement, so with a snapshot that sees every

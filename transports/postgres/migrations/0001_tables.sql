@@ -19,7 +19,10 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     completed_at  timestamptz{{if .Inbox}},
     consumer_group text NOT NULL,
     message_id     text NOT NULL{{end}}
-);
+)
+-- Leasing and settling update rows in place; free space in each page lets
+-- those updates be HOT (no index maintenance).
+WITH (fillfactor = 70);
 {{if .Inbox}}
 CREATE UNIQUE INDEX IF NOT EXISTS {{.Ident "_message_uidx"}} ON {{.Table}} (message_id, consumer_group);
 {{else}}
@@ -51,7 +54,8 @@ CREATE TABLE IF NOT EXISTS {{.Lanes}} (
     locked_by      text,
     locked_until   timestamptz,
     PRIMARY KEY (consumer_group, topic, partition_key)
-);
+)
+WITH (fillfactor = 50);
 CREATE INDEX IF NOT EXISTS {{.Ident "_lanes_ready_idx"}} ON {{.Lanes}} (ready_at);
 
 -- Writers make sure the lane of every keyed row they insert exists, in their
