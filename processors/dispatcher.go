@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -216,7 +217,7 @@ func Handle[T any](d *Dispatcher, eventType string, fn func(ctx context.Context,
 	d.routes[eventType] = r
 }
 
-// EventTypes returns the event types that have a handler.
+// EventTypes returns the event types that have a handler, sorted.
 func (d *Dispatcher) EventTypes() []string {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -224,6 +225,7 @@ func (d *Dispatcher) EventTypes() []string {
 	for t := range d.routes {
 		out = append(out, t)
 	}
+	slices.Sort(out)
 	return out
 }
 

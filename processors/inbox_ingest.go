@@ -286,9 +286,11 @@ func (g *InboxIngest) Close() error {
 	return nil
 }
 
-// collect forms batches: the first request waits up to BatchWait for others,
-// up to BatchSize; a full batch goes at once. While every writer is busy,
-// requests queue and the next batch fills from the queue.
+// collect forms batches. It takes a writer first and only then fills the
+// batch: from what queued up meanwhile, then waiting up to BatchWait for
+// more, up to BatchSize. So while every writer is busy, requests queue and
+// the next batch leaves full the moment a writer is free; when they are
+// idle, a batch leaves after BatchWait.
 func (g *InboxIngest) collect() {
 	defer g.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -302,19 +304,20 @@ func (g *InboxIngest) collect() {
 			g.drain()
 			return
 		}
+		g.slots <- struct{}{}
 		if g.cfg.BatchWait > 0 {
 			timer.Reset(g.cfg.BatchWait)
 		}
 	fill:
 		for len(batch) < g.cfg.BatchSize {
+			select {
+			case r := <-g.in:
+				batch = append(batch, r)
+				continue
+			default:
+			}
 			if g.cfg.BatchWait == 0 {
-				select {
-				case r := <-g.in:
-					batch = append(batch, r)
-					continue
-				default:
-					break fill
-				}
+				break
 			}
 			select {
 			case r := <-g.in:
@@ -331,7 +334,6 @@ func (g *InboxIngest) collect() {
 			default:
 			}
 		}
-		g.slots <- struct{}{}
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
