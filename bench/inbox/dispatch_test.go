@@ -2,6 +2,7 @@ package inboxbench
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +46,10 @@ CROSS JOIN LATERAL (SELECT 'key-' || (g % $2::int)::text AS key, gen_random_uuid
 
 type benchEvent struct{}
 
+// dispatchRuns alternates, across iterations and -count runs, whether the
+// relay or the dispatcher goes first, so neither always meets a warmer server.
+var dispatchRuns atomic.Int64
+
 // BenchmarkInboxDispatch dispatches 100k stored inbox rows over 10k keys to a
 // no-op typed handler with a processors.Dispatcher (default configuration:
 // BatchSize 100, RunLength 16), once plainly and once with the Transactional
@@ -56,9 +61,9 @@ type benchEvent struct{}
 // 100,000th handler call or publish), dispatch/relay-% (target ≥ 50 %).
 func BenchmarkInboxDispatch(b *testing.B) {
 	var dispatchSum, txSum, relaySum float64
-	for i := range b.N {
+	for range b.N {
 		b.StopTimer()
-		pool := newPool(b, 20)
+		pool := newPool(b, 20, nil)
 		outboxT := newTable(b, pool, postgres.KindOutbox, "relay")
 		inboxT := newTable(b, pool, postgres.KindInbox, "dispatch")
 		txT := newTable(b, pool, postgres.KindInbox, "dispatch_tx")
@@ -68,14 +73,13 @@ func BenchmarkInboxDispatch(b *testing.B) {
 		vacuum(b, pool, outboxT, inboxT, txT)
 		b.StartTimer()
 
-		// Alternate which goes first, so neither always meets a warmer server.
 		var relay, dispatch, tx float64
 		steps := []func(){
 			func() { relay = runRelay(b, pool, outboxT) },
 			func() { dispatch = runDispatch(b, pool, inboxT, false) },
 			func() { tx = runDispatch(b, pool, txT, true) },
 		}
-		if i%2 == 1 {
+		if dispatchRuns.Add(1)%2 == 0 {
 			steps[0], steps[1] = steps[1], steps[0]
 		}
 		for _, s := range steps {
@@ -87,7 +91,7 @@ func BenchmarkInboxDispatch(b *testing.B) {
 				b.Fatalf("%s: %d rows still pending", t.name, n)
 			}
 		}
-		b.Logf("dispatch: %.0f/s; transactional dispatch: %.0f/s; relay: %.0f/s", dispatch, tx, relay)
+		b.Logf("dispatch: %.0f/s; transactional dispatch: %.0f/s; relay: %.0f/s; %s", dispatch, tx, relay, loadAvg())
 		dispatchSum += dispatch
 		txSum += tx
 		relaySum += relay

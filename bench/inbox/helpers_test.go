@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,13 +28,15 @@ func postgresURL() string {
 }
 
 // newPool opens a pool of its own for one benchmark and closes it at the end.
-func newPool(b *testing.B, maxConns int32) *pgxpool.Pool {
+// tracer (may be nil) sees every statement the pool runs.
+func newPool(b *testing.B, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
 	b.Helper()
 	cfg, err := pgxpool.ParseConfig(postgresURL())
 	if err != nil {
 		b.Fatalf("parse OMNIBUS_TEST_POSTGRES_URL %q: %v", postgresURL(), err)
 	}
 	cfg.MaxConns = maxConns
+	cfg.ConnConfig.Tracer = tracer
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -191,4 +194,64 @@ func (r *runner) stop(b *testing.B) {
 	case <-time.After(45 * time.Second):
 		b.Fatalf("did not stop within 45s")
 	}
+}
+
+// insertTracer watches the inbox inserts of a pool (statements whose second
+// argument is the array of message ids): how many, how many rows each, and
+// how long each took from sending to its result.
+type insertTracer struct {
+	mu    sync.Mutex
+	n     int
+	rows  int
+	total time.Duration
+}
+
+type insertStart struct {
+	rows int
+	at   time.Time
+}
+
+type insertKey struct{}
+
+func (t *insertTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if len(d.Args) == 9 {
+		if ids, ok := d.Args[1].([]string); ok {
+			return context.WithValue(ctx, insertKey{}, insertStart{rows: len(ids), at: time.Now()})
+		}
+	}
+	return ctx
+}
+
+func (t *insertTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if s, ok := ctx.Value(insertKey{}).(insertStart); ok {
+		t.mu.Lock()
+		t.n++
+		t.rows += s.rows
+		t.total += time.Since(s.at)
+		t.mu.Unlock()
+	}
+}
+
+// take returns what was seen since the last take and starts over.
+func (t *insertTracer) take() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		return "no inserts"
+	}
+	s := fmt.Sprintf("%d inserts, %.1f rows and %.1f ms each on average", t.n, float64(t.rows)/float64(t.n),
+		float64(t.total.Microseconds())/1000/float64(t.n))
+	t.n, t.rows, t.total = 0, 0, 0
+	return s
+}
+
+// loadAvg reads the 1-minute load average (Linux), for the log.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "load average unknown"
+	}
+	var one string
+	_, _ = fmt.Sscan(string(b), &one)
+	return "load average " + one
 }

@@ -63,7 +63,8 @@ func BenchmarkInboxIngest(b *testing.B) {
 	var ingestSum, floorSum float64
 	for range b.N {
 		b.StopTimer()
-		pool := newPool(b, 20)
+		tr := &insertTracer{}
+		pool := newPool(b, 20, tr)
 		brokers := testenv.Kafka(b)
 		topic := testenv.KafkaTopic(b, brokers, ingestPartitions)
 		msgs := ingestSet()
@@ -71,11 +72,14 @@ func BenchmarkInboxIngest(b *testing.B) {
 		floorT := newTable(b, pool, postgres.KindInbox, "ingest_floor")
 		ingestT := newTable(b, pool, postgres.KindInbox, "ingest")
 		vacuum(b, pool, floorT, ingestT)
+		_ = tr.take()
 		b.StartTimer()
 
 		floor := floorIngest(b, pool, floorT, msgs)
+		floorStmts := tr.take()
 		ingest, elapsed := runIngest(b, pool, brokers, topic, ingestT)
 		b.StopTimer()
+		ingestStmts := tr.take()
 
 		want := ingestMessages - ingestMessages/ingestDupEvery
 		for _, t := range []table{floorT, ingestT} {
@@ -83,7 +87,8 @@ func BenchmarkInboxIngest(b *testing.B) {
 				b.Fatalf("%s holds %d rows, want %d", t.name, n, want)
 			}
 		}
-		b.Logf("ingest: %d messages in %s (%.0f/s); floor: %.0f/s", ingestMessages, elapsed.Round(time.Millisecond), ingest, floor)
+		b.Logf("ingest: %d messages in %s (%.0f/s; %s); floor: %.0f/s (%s); %s",
+			ingestMessages, elapsed.Round(time.Millisecond), ingest, ingestStmts, floor, floorStmts, loadAvg())
 		ingestSum += ingest
 		floorSum += floor
 	}
