@@ -226,16 +226,11 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
 	}
 	if len(locked) > 0 {
-		var empty []laneKey
-		empty, readyNow, err = e.recompute(ctx, tx, locked)
+		n, err := e.settleLanes(ctx, tx, locked)
 		if err != nil {
 			return lanes, 0, err
 		}
-		back, err := e.deleteEmpty(ctx, tx, empty)
-		if err != nil {
-			return lanes, 0, err
-		}
-		readyNow += int64(back)
+		readyNow = n
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
@@ -267,78 +262,115 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 	return retry, readyNow, nil
 }
 
-// recompute sets the next ready time of locked lanes from their rows and
-// returns the lanes that have no pending rows left.
-func (e *engine) recompute(ctx context.Context, tx pgx.Tx, locked []laneKey) (empty []laneKey, readyNow int64, err error) {
-	lg, lt, lk := laneArrays(locked)
-	rows, err := tx.Query(ctx, e.q.reconcile, lg, lt, lk, e.block)
+// settleLanes gives back lanes locked FOR NO KEY UPDATE in tx.
+//
+// Most lanes get their next ready time at once: now when their head is
+// deliverable, the retry time of a tried head (a writer's new row is behind
+// that head and must wait anyway), infinity when blocked. Two kinds need
+// more care, because a writer may be inserting a row we cannot see yet (its
+// KEY SHARE lock does not conflict with ours):
+//   - empty lanes, which we would delete, orphaning the writer's row;
+//   - asleep lanes (nothing in line, only delayed rows), which would sleep
+//     until the first delayed row is due although the writer's row is due now.
+//
+// For those we take FOR UPDATE, which conflicts with writers' KEY SHARE: a
+// lane a writer holds is skipped and given back ready now (to be looked at
+// again); a writer arriving after us waits for our commit and then corrects
+// the ready time itself. The locked ones are recomputed in a later statement,
+// whose snapshot includes every writer that held the lane before us.
+func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey) (readyNow int64, err error) {
+	careful, ready, err := e.recompute(ctx, tx, locked, false)
+	if err != nil {
+		return 0, err
+	}
+	readyNow = ready
+	if len(careful) == 0 {
+		return readyNow, nil
+	}
+	g, t, k := laneArrays(careful)
+	rows, err := tx.Query(ctx, e.q.lockEmpty, e.worker, g, t, k)
+	if err != nil {
+		return 0, fmt.Errorf("lock lanes of %q: %w", e.q.table, err)
+	}
+	exclusive, err := scanLanes(rows)
+	if err != nil {
+		return 0, fmt.Errorf("lock lanes of %q: %w", e.q.table, err)
+	}
+	settled := map[laneKey]bool{}
+	if len(exclusive) > 0 {
+		empty, ready, err := e.recompute(ctx, tx, exclusive, true)
+		if err != nil {
+			return 0, err
+		}
+		readyNow += ready
+		for _, l := range exclusive {
+			settled[l] = true
+		}
+		if len(empty) > 0 {
+			eg, et, ek := laneArrays(empty)
+			rows, err := tx.Query(ctx, e.q.deleteEmpty, eg, et, ek)
+			if err != nil {
+				return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
+			}
+			deleted, err := scanLanes(rows)
+			if err != nil {
+				return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
+			}
+			gone := map[laneKey]bool{}
+			for _, d := range deleted {
+				gone[d] = true
+			}
+			for _, l := range empty {
+				if !gone[l] {
+					settled[l] = false // a row arrived after all
+				}
+			}
+		}
+	}
+	var back []laneKey
+	for _, l := range careful {
+		if !settled[l] {
+			back = append(back, l)
+		}
+	}
+	if len(back) > 0 {
+		bg, bt, bk := laneArrays(back)
+		if _, err := tx.Exec(ctx, e.q.readyLanes, e.worker, bg, bt, bk); err != nil {
+			return 0, fmt.Errorf("give back lanes of %q: %w", e.q.table, err)
+		}
+		readyNow += int64(len(back))
+	}
+	return readyNow, nil
+}
+
+// recompute sets the next ready time of lanes from their rows. It returns
+// the lanes that need the careful path (empty ones, and, unless final,
+// asleep ones, which it leaves untouched) and how many lanes are ready now.
+func (e *engine) recompute(ctx context.Context, tx pgx.Tx, lanes []laneKey, final bool) (careful []laneKey, readyNow int64, err error) {
+	lg, lt, lk := laneArrays(lanes)
+	rows, err := tx.Query(ctx, e.q.reconcile, lg, lt, lk, e.block, final)
 	if err != nil {
 		return nil, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			isEmpty bool
+			kind    string
 			g, t, k *string
 		)
-		if err := rows.Scan(&isEmpty, &g, &t, &k); err != nil {
+		if err := rows.Scan(&kind, &g, &t, &k); err != nil {
 			return nil, 0, fmt.Errorf("reconcile lanes of %q: scan: %w", e.q.table, err)
 		}
-		if isEmpty {
-			empty = append(empty, laneKey{group: *g, topic: *t, key: *k})
-		} else {
+		if kind == "ready" {
 			readyNow++
+			continue
 		}
+		careful = append(careful, laneKey{group: *g, topic: *t, key: *k})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
 	}
-	return empty, readyNow, nil
-}
-
-// deleteEmpty deletes lanes found empty, under a lock no writer holds a share
-// of, after checking again that they are empty; the others are given back ready.
-func (e *engine) deleteEmpty(ctx context.Context, tx pgx.Tx, empty []laneKey) (back int, err error) {
-	if len(empty) == 0 {
-		return 0, nil
-	}
-	g, t, k := laneArrays(empty)
-	rows, err := tx.Query(ctx, e.q.lockEmpty, e.worker, g, t, k)
-	if err != nil {
-		return 0, fmt.Errorf("delete empty lanes of %q: lock: %w", e.q.table, err)
-	}
-	lockedEmpty, err := scanLanes(rows)
-	if err != nil {
-		return 0, fmt.Errorf("delete empty lanes of %q: lock: %w", e.q.table, err)
-	}
-	gone := map[laneKey]bool{}
-	if len(lockedEmpty) > 0 {
-		lg, lt, lk := laneArrays(lockedEmpty)
-		rows, err := tx.Query(ctx, e.q.deleteEmpty, lg, lt, lk)
-		if err != nil {
-			return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
-		}
-		deleted, err := scanLanes(rows)
-		if err != nil {
-			return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
-		}
-		for _, d := range deleted {
-			gone[d] = true
-		}
-	}
-	var ready []laneKey
-	for _, l := range empty {
-		if !gone[l] {
-			ready = append(ready, l)
-		}
-	}
-	if len(ready) > 0 {
-		bg, bt, bk := laneArrays(ready)
-		if _, err := tx.Exec(ctx, e.q.readyLanes, e.worker, bg, bt, bk); err != nil {
-			return 0, fmt.Errorf("give back lanes of %q: %w", e.q.table, err)
-		}
-	}
-	return len(ready), nil
+	return careful, readyNow, nil
 }
 
 // extend renews the leases of in-flight rows and of their lanes.

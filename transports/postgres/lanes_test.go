@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -107,4 +108,67 @@ func TestLanes_EmptyLaneIsDeletedAfterItsLastRow(t *testing.T) {
 	var lanes int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ob.q.table.derived("_lanes").quoted()).Scan(&lanes))
 	assert.Zero(t, lanes)
+}
+
+// The other race: a lane holding only a delayed event is put to sleep until
+// that event is due, while a writer adds a row that is due now. The new row
+// must not sleep with the lane.
+func TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	e := testEngine(pool, ob, "relay", 16)
+	const rounds = 100
+	for i := 0; i < rounds; i++ {
+		key := fmt.Sprintf("k%d", i)
+		reminder := event(key, "reminder")
+		SetDeliverAt(reminder, time.Now().Add(time.Hour))
+		enqueue(t, pool, ob, key, event(key, "first"), reminder)
+		res, err := e.fetch(ctx, key, 10, 0)
+		require.NoError(t, err)
+		require.Len(t, res.units, 1, "round %d", i)
+		require.Equal(t, []string{"first"}, payloads(res.units[0].rows), "round %d: the delayed event is not in the run", i)
+		_, err = e.settle(ctx, []settleOp{{id: res.units[0].rows[0].id, op: 'a'}})
+		require.NoError(t, err)
+
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := ob.Enqueue(ctx, tx, key, event(key, "now")); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "SELECT pg_sleep($1)", float64(i%5)/1000)
+				return err
+			})
+			assert.NoError(t, err)
+		}()
+		go func() {
+			defer wg.Done()
+			// Given back now, the lane holds only the reminder: it goes to sleep.
+			pending := []laneKey{*res.units[0].lane}
+			for len(pending) > 0 {
+				var err error
+				pending, _, err = e.reconcile(ctx, pending)
+				if !assert.NoError(t, err) {
+					return
+				}
+			}
+		}()
+		wg.Wait()
+		got := cycle(t, e, 10, nil)
+		require.Equal(t, []string{"now"}, payloadsOf(t, e, key, got), "round %d: the due row is delivered at once", i)
+	}
+}
+
+func payloadsOf(t *testing.T, _ *engine, key string, rs []row) []string {
+	t.Helper()
+	var out []string
+	for _, r := range rs {
+		if r.topic == key {
+			out = append(out, string(r.payload))
+		}
+	}
+	return out
 }

@@ -212,7 +212,11 @@ WITH k AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS k(consumer_group, topic, partition_key)
 ), state AS (
     SELECT k.consumer_group, k.topic, k.partition_key, h.id AS head_id, h.ready AS head_ready,
-           d.min_sched AS delayed_min, b.blocked
+           d.min_sched AS delayed_min, b.blocked,
+           -- Asleep: nothing in line, only delayed rows; the lane would sleep
+           -- until the first is due. See engine.reconcile for why that needs
+           -- a stronger lock.
+           (h.id IS NULL AND d.min_sched > now() AND NOT b.blocked) AS asleep
     FROM k
     LEFT JOIN LATERAL (
         SELECT t.id, CASE WHEN t.locked_until > now() THEN t.locked_until ELSE t.scheduled_at END AS ready
@@ -243,20 +247,24 @@ WITH k AS (
     FROM state s
     WHERE l.consumer_group = s.consumer_group AND l.topic = s.topic AND l.partition_key = s.partition_key
       AND NOT (s.head_id IS NULL AND s.delayed_min IS NULL)
+      AND ($5::boolean OR NOT s.asleep)
     RETURNING l.ready_at
 )
-SELECT true AS empty, s.consumer_group, s.topic, s.partition_key
+SELECT 'empty' AS kind, s.consumer_group, s.topic, s.partition_key
 FROM state s WHERE s.head_id IS NULL AND s.delayed_min IS NULL
 UNION ALL
-SELECT false, NULL, NULL, NULL FROM kept WHERE ready_at <= now()`,
+SELECT 'asleep', s.consumer_group, s.topic, s.partition_key
+FROM state s WHERE s.asleep AND NOT $5::boolean
+UNION ALL
+SELECT 'ready', NULL, NULL, NULL FROM kept WHERE ready_at <= now()`,
 		"{G_TK}", g("t", "k"),
 		"{G_FK}", g("f", "k"),
 	)
 
-	// Lanes found empty are deleted only under a FOR UPDATE lock, which a
-	// writer's KEY SHARE lock keeps us from taking while its row is not yet
-	// committed; and the emptiness is checked again in this later statement,
-	// whose snapshot sees every writer that held the lock before us.
+	// Lanes found empty or asleep are settled only under a FOR UPDATE lock,
+	// which a writer's KEY SHARE lock keeps us from taking while its row is
+	// not yet committed (and which makes a writer arriving later wait for us
+	// and then see what we wrote).
 	q.lockEmpty = build(`
 SELECT l.consumer_group, l.topic, l.partition_key
 FROM {L} l
