@@ -33,6 +33,11 @@ type Delivery struct {
 	// Partition and Offset locate a Kafka record; zero elsewhere.
 	Partition int32
 	Offset    int64
+	// DeadLetter is where the message goes if it is given up on (a
+	// settlement with GiveUp): a dead-letter topic or stream. Empty when the
+	// transport keeps it as failed in its own store (the postgres tables) or
+	// drops it (dead letters turned off).
+	DeadLetter string
 }
 
 // Settlement is the decision taken about a failed delivery. The Retry

@@ -287,6 +287,7 @@ func (w *partitionWorker) deliver(r *record) bool {
 			ID:               strconv.Itoa(int(w.partition)) + "/" + strconv.FormatInt(r.rec.Offset, 10),
 			Partition:        w.partition,
 			Offset:           r.rec.Offset,
+			DeadLetter:       DeadLetterTopicFor(w.cfg.DeadLetterTopic, w.topic),
 		})
 		msg.SetContext(ctx)
 

@@ -451,6 +451,7 @@ func (sub *subscription) handle(e *entry) {
 			Source:           sub.stream,
 			Topic:            sub.topic,
 			ID:               e.id,
+			DeadLetter:       sub.deadLetter,
 		})
 		msg.SetContext(msgCtx)
 
