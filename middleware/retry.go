@@ -158,15 +158,38 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		st := r.Decide(d, err, r.now())
 		bus.Settle(msg, st)
-		attrs := []any{"event_id", msg.UUID, "source", d.Source, "class", st.Class.String(),
-			"attempts", d.Attempts + boolInt(st.Class != bus.ClassTransient), "error", err}
-		if st.GiveUp {
-			r.log.Warn("omnibus: message failed for good", attrs...)
-		} else {
-			r.log.Info("omnibus: message failed; will retry", append(attrs, "retry_at", st.RetryAt)...)
-		}
+		r.logFailure(msg, d, st, err)
 		return nil, err
 	}
+}
+
+// logFailure writes the one line of a failed delivery: its class, the
+// attempts spent, and the retry time or the decision to give up. The
+// partition key is logged only when Debug is enabled.
+func (r *Retry) logFailure(msg *message.Message, d bus.Delivery, st bus.Settlement, err error) {
+	ctx := msg.Context()
+	attrs := make([]any, 0, 24)
+	attrs = append(attrs, "event_id", bus.EventID(msg), "topic", topicOf(msg), "source", d.Source)
+	if h := message.HandlerNameFromCtx(ctx); h != "" {
+		attrs = append(attrs, "handler", h)
+	}
+	if k := bus.PartitionKey(msg); k != "" && r.log.Enabled(ctx, slog.LevelDebug) {
+		attrs = append(attrs, "partition_key", k)
+	}
+	budget := d.MaxAttempts
+	if budget <= 0 {
+		budget = r.cfg.MaxAttempts
+	}
+	attrs = append(attrs, "class", st.Class.String(),
+		"attempts", d.Attempts+boolInt(st.Class != bus.ClassTransient), "max_attempts", budget, "error", err)
+	if !st.GiveUp {
+		r.log.InfoContext(ctx, "omnibus: message failed; will retry", append(attrs, "retry_at", st.RetryAt)...)
+		return
+	}
+	if d.DeadLetter != "" {
+		attrs = append(attrs, "dead_letter", d.DeadLetter)
+	}
+	r.log.WarnContext(ctx, "omnibus: message failed for good", attrs...)
 }
 
 func boolInt(b bool) int {
