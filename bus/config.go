@@ -66,8 +66,10 @@ const (
 )
 
 const (
-	envPrefix           = "OMNIBUS_"
-	maxIdentifierLength = 63
+	envPrefix = "OMNIBUS_"
+	// maxTableNameLength is PostgreSQL's 63-byte identifier limit less the
+	// suffixes of the companion lanes table, indexes and functions.
+	maxTableNameLength = 47
 )
 
 // ErrInvalidConfig is wrapped by every error LoadConfig, ParseConfig,
@@ -588,13 +590,13 @@ func (c Config) Validate() error {
 		}
 	}
 	table := func(field, name string) {
-		if !identRE.MatchString(name) || len(name) > 2*maxIdentifierLength+1 {
+		if !identRE.MatchString(name) {
 			bad(field, "%q is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", name)
 			return
 		}
 		for part := range strings.SplitSeq(name, ".") {
-			if len(part) > maxIdentifierLength {
-				bad(field, "%q: %q is longer than %d bytes", name, part, maxIdentifierLength)
+			if len(part) > maxTableNameLength {
+				bad(field, "%q: %q is longer than %d bytes (room is left for the suffixes of its lanes table and indexes)", name, part, maxTableNameLength)
 			}
 		}
 	}

@@ -40,11 +40,14 @@ func (c Config) Redacted() Config {
 // String returns c as YAML with its secrets redacted: what `omnibus config
 // check` prints. It is also what %v and %s print.
 func (c Config) String() string {
-	out, err := yaml.Marshal(c.Redacted())
-	if err != nil {
+	var out strings.Builder
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	if err := enc.Encode(c.Redacted()); err != nil {
 		return fmt.Sprintf("<config: %v>", err)
 	}
-	return string(out)
+	_ = enc.Close()
+	return out.String()
 }
 
 // GoString makes %#v redact too.

@@ -56,7 +56,7 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		{"redis max len", func(c *Config) { c.Redis.MaxLen = -1 }, "redis.max_len", "must not be negative"},
 		{"redis ordering", func(c *Config) { c.Redis.Ordering = "strict" }, "redis.ordering", `"strict" is not one of key, none`},
 		{"outbox table", func(c *Config) { c.Outbox.Table = "a.b.c" }, "outbox.table", "not a table name"},
-		{"outbox table too long", func(c *Config) { c.Outbox.Table = strings.Repeat("t", 64) }, "outbox.table", "longer than 63 bytes"},
+		{"outbox table too long", func(c *Config) { c.Outbox.Table = strings.Repeat("t", 48) }, "outbox.table", "longer than 47 bytes"},
 		{"outbox attempts", func(c *Config) { c.Outbox.MaxAttempts = -1 }, "outbox.max_attempts", "must not be negative"},
 		{"outbox retention", func(c *Config) { c.Outbox.Retention = -time.Hour }, "outbox.retention", "must not be negative"},
 		{"inbox table", func(c *Config) { c.Inbox.Table = "in box" }, "inbox.table", "not a table name"},

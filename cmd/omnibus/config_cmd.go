@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/omnibus-go/omnibus"
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/postgres"
+)
+
+func (a *app) configCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Inspect the configuration",
+		Args:  cobra.ArbitraryArgs,
+		RunE:  group,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "check",
+		Short: "Load and validate the configuration, then print it with secrets redacted",
+		Long: `check loads --config and the OMNIBUS_* environment variables, fills in the
+defaults, validates the result and prints it as YAML with every secret
+redacted. It exits 2, naming the key at fault, when the configuration is
+invalid. It does not connect to anything.`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			cfg, err := a.loadConfig()
+			if err != nil {
+				return err
+			}
+			source := "defaults and environment"
+			if a.configPath != "" {
+				source = a.configPath
+			}
+			fmt.Fprintf(a.stdout, "# configuration OK (from %s); secrets redacted\n%s", source, cfg.String())
+			return nil
+		}),
+	})
+	return cmd
+}
+
+// migrationTables are the tables migrate creates for cfg: the outbox and the
+// inbox, and the queue table when the broker is postgres.
+func migrationTables(cfg bus.Config) []postgres.Table {
+	tables := omnibus.Tables(cfg)
+	if cfg.Broker == bus.BrokerPostgres {
+		tables = append(tables, postgres.InboxTable(cfg.Postgres.QueueTable))
+	}
+	return tables
+}
+
+func (a *app) migrateCommand() *cobra.Command {
+	var print bool
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox and inbox tables",
+		Long: `migrate applies omnibus's versioned migrations to the outbox table, the inbox
+table and, with broker postgres, the queue table, under an advisory lock;
+running it again is a no-op. With --print it prints the SQL instead, for
+your own migration tool, without connecting.`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			cfg, err := a.loadConfig()
+			if err != nil {
+				return err
+			}
+			tables := migrationTables(cfg)
+			if print {
+				sql, err := postgres.MigrationSQL(tables...)
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(a.stdout, sql)
+				return nil
+			}
+			return a.migrate(cmd.Context(), cfg, tables)
+		}),
+	}
+	cmd.Flags().BoolVar(&print, "print", false, "print the SQL instead of applying it")
+	return cmd
+}
+
+func (a *app) migrate(ctx context.Context, cfg bus.Config, tables []postgres.Table) error {
+	pool, err := omnibus.Connect(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool, tables...); err != nil {
+		return err
+	}
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = fmt.Sprintf("%s (%s)", t.Name, t.Kind)
+	}
+	fmt.Fprintf(a.stdout, "migrated %s\n", strings.Join(names, ", "))
+	return nil
+}
