@@ -53,7 +53,10 @@ func (f *flusher) run() {
 	}
 	flush := func(ctx context.Context) bool {
 		if len(ops) > 0 {
-			if _, err := f.s.eng.settle(ctx, ops); err != nil {
+			start := time.Now()
+			_, err := f.s.eng.settle(ctx, ops)
+			f.s.observeSettle(len(ops), time.Since(start), err)
+			if err != nil {
 				f.s.log.Error("omnibus: writing settlements failed; will retry", "error", err, "rows", len(ops))
 				return false
 			}

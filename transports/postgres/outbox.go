@@ -134,6 +134,9 @@ func (e *InvalidMessageError) Error() string {
 //
 // Each message's UUID must be a UUID. Its partition_key and event_type
 // metadata go into their columns; SetDeliverAt and SetMaxAttempts steer it.
+// When ctx carries an OpenTelemetry span, its W3C trace context is stored in
+// each event's metadata (traceparent, tracestate), replacing any the message
+// carried, so the relay and the consumers continue the caller's trace.
 // If any message is invalid, nothing is written and the error names it.
 func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*message.Message) error {
 	if topic == "" {
@@ -195,6 +198,8 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 				meta[k] = v
 			}
 		}
+		// The caller's span, if any, becomes the parent of the relay's.
+		bus.InjectTraceContext(ctx, meta)
 		if k := bus.PartitionKey(msg); k != "" {
 			keys[i] = &k
 		}

@@ -96,6 +96,9 @@ type SubscriberConfig struct {
 	FailedPolicy FailedPolicy
 	// MaxErrorLength truncates stored error texts. Default DefaultMaxErrorLength.
 	MaxErrorLength int
+	// Observer, when set, is told the size and duration of every fetch and
+	// settlement batch (Metrics exports them to Prometheus). Nil: off.
+	Observer Observer
 }
 
 func (c *SubscriberConfig) setDefaults() {

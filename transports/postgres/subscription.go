@@ -74,7 +74,9 @@ func (sub *subscription) run(parent context.Context) {
 			continue
 		}
 		n := min(s.cfg.BatchSize, free)
+		start := time.Now()
 		res, err := s.eng.fetch(ctx, sub.topic, n, n)
+		s.observeFetch(res, time.Since(start), err)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
