@@ -36,6 +36,16 @@ type OutboxRelayConfig struct {
 	Breaker middleware.CircuitBreakerConfig
 	// HandlerName names the router handler. Default DefaultRelayHandlerName.
 	HandlerName string
+	// Metrics, when set, counts the relayed rows by result and times each
+	// publish (it runs outside Retry), and tracks the circuit breaker under
+	// the handler's name. Wrap Publisher with Metrics.Publisher for publish
+	// latency and in-flight counts per transport. Nil: off.
+	Metrics *middleware.Metrics
+	// Tracing, when set, publishes each row inside a producer span, a child
+	// of the span that enqueued the row, and writes the span's trace context
+	// into the published message. Nil: off (the row's own trace context, if
+	// any, is still passed on).
+	Tracing *middleware.Tracing
 }
 
 // OutboxRelay is a Watermill handler that moves outbox rows to a publisher:
@@ -72,6 +82,15 @@ func NewOutboxRelay(pool *pgxpool.Pool, cfg OutboxRelayConfig, logger *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("relay retry: %w", err)
 	}
+	if cfg.Metrics != nil {
+		track, own := cfg.Metrics.BreakerStateChange(cfg.HandlerName), cfg.Breaker.OnStateChange
+		cfg.Breaker.OnStateChange = func(from, to middleware.BreakerState) {
+			track(from, to)
+			if own != nil {
+				own(from, to)
+			}
+		}
+	}
 	breaker, err := middleware.NewCircuitBreaker(cfg.Breaker, log)
 	if err != nil {
 		return nil, fmt.Errorf("relay breaker: %w", err)
@@ -99,6 +118,8 @@ func (r *OutboxRelay) Handle(msg *message.Message) error {
 	for k, v := range msg.Metadata {
 		out.Metadata.Set(k, v)
 	}
+	// With Tracing, the producer span becomes the consumers' parent.
+	bus.InjectTraceContext(msg.Context(), out.Metadata)
 	out.SetContext(msg.Context())
 	if err := r.cfg.Publisher.Publish(d.Topic, out); err != nil {
 		return fmt.Errorf("publish %s to %q: %w", msg.UUID, d.Topic, err)
@@ -106,14 +127,22 @@ func (r *OutboxRelay) Handle(msg *message.Message) error {
 	return nil
 }
 
-// Middleware returns the relay's chain, outermost first.
+// Middleware returns the relay's chain, outermost first: Tracing and
+// Metrics when configured, then Retry, Recoverer, Timeout, CircuitBreaker.
 func (r *OutboxRelay) Middleware() []message.HandlerMiddleware {
-	return []message.HandlerMiddleware{
+	var chain []message.HandlerMiddleware
+	if r.cfg.Tracing != nil {
+		chain = append(chain, r.cfg.Tracing.Producer)
+	}
+	if r.cfg.Metrics != nil {
+		chain = append(chain, r.cfg.Metrics.Middleware)
+	}
+	return append(chain,
 		r.retry.Middleware,
 		wmw.Recoverer,
 		middleware.Timeout(r.cfg.Timeout),
 		r.breaker.Middleware,
-	}
+	)
 }
 
 // AddTo registers the relay on router. The router runs it; closing the
