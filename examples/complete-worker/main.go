@@ -36,8 +36,8 @@ import (
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/processors"
-	"github.com/omnibus-go/omnibus/transports/postgres"
 	_ "github.com/omnibus-go/omnibus/transports/all"
+	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
 const (
