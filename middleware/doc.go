@@ -1,10 +1,18 @@
 // Package middleware holds omnibus's Watermill handler middleware: Retry
 // (durable, equal-jitter backoff decided from each message's bus.Delivery),
-// Timeout and CircuitBreaker. Each is a message.HandlerMiddleware and composes
-// with Watermill's own.
+// Timeout, CircuitBreaker, Metrics (Prometheus, on a registry you pass) and
+// Tracing (OpenTelemetry spans continuing the W3C trace context in the
+// message metadata). Each is a message.HandlerMiddleware and composes with
+// Watermill's own. Metrics and Tracing go outside Retry, so they see its
+// decision.
 //
 //	retry, _ := middleware.NewRetry(middleware.RetryConfig{}, logger)
-//	breaker, _ := middleware.NewCircuitBreaker(middleware.CircuitBreakerConfig{}, logger)
-//	h := router.AddConsumerHandler("relay", topic, sub, handle)
-//	h.AddMiddleware(retry.Middleware, middleware.Timeout(30*time.Second), breaker.Middleware)
+//	metrics, _ := middleware.NewMetrics(registry, middleware.MetricsConfig{})
+//	breaker, _ := middleware.NewCircuitBreaker(middleware.CircuitBreakerConfig{
+//		OnStateChange: metrics.BreakerStateChange("orders"),
+//	}, logger)
+//	tracing := middleware.NewTracing(middleware.TracingConfig{})
+//	h := router.AddConsumerHandler("orders", topic, sub, handle)
+//	h.AddMiddleware(tracing.Middleware, metrics.Middleware, retry.Middleware,
+//		middleware.Timeout(30*time.Second), breaker.Middleware)
 package middleware

@@ -2,8 +2,12 @@ package processors_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -277,4 +281,116 @@ func onlySpan(t *testing.T, exp *tracetest.InMemoryExporter, name, handler strin
 	}
 	require.Len(t, found, 1, "spans called %q of handler %q", name, handler)
 	return found[0]
+}
+
+// descRecorder is a Registerer that records the names of the metrics
+// registered on it.
+type descRecorder struct{ names map[string]bool }
+
+var fqNameRE = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (r *descRecorder) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() {
+		c.Describe(ch)
+		close(ch)
+	}()
+	for d := range ch {
+		if m := fqNameRE.FindStringSubmatch(d.String()); m != nil {
+			r.names[m[1]] = true
+		}
+	}
+	return nil
+}
+
+func (r *descRecorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = r.Register(c)
+	}
+}
+
+func (r *descRecorder) Unregister(prometheus.Collector) bool { return true }
+
+// The dashboard and docs/observability.md name only metrics that exist, and
+// the docs name every metric.
+func TestObservabilityDocs_NameExactlyTheExportedMetrics(t *testing.T) {
+	t.Parallel()
+	rec := &descRecorder{names: map[string]bool{}}
+	_, err := middleware.NewMetrics(rec, middleware.MetricsConfig{})
+	require.NoError(t, err)
+	_, err = postgres.NewMetrics(rec)
+	require.NoError(t, err)
+	pool := testenv.Postgres(t)
+	for _, table := range []postgres.Table{postgres.OutboxTable(""), postgres.InboxTable("")} {
+		a, err := postgres.NewAdmin(pool, table)
+		require.NoError(t, err)
+		_, err = postgres.NewStatsCollector(a, rec, 0) // Describe does not query
+		require.NoError(t, err)
+	}
+	require.NotEmpty(t, rec.names)
+	known := func(name string) bool {
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && rec.names[base] {
+				return true
+			}
+		}
+		return false
+	}
+	// Identifiers that look like metrics but are tables and handler names.
+	notMetrics := map[string]bool{
+		postgres.DefaultOutboxTable: true, postgres.DefaultInboxTable: true,
+		processors.DefaultRelayHandlerName: true, processors.DefaultIngestHandlerName: true,
+		processors.DefaultDispatcherHandlerName: true,
+	}
+	tokenRE := regexp.MustCompile(`omnibus_[a-z0-9_]*[a-z0-9]`)
+	check := func(what, text string) {
+		// The regex form in PromQL names both kinds: check both names.
+		for _, kind := range []string{"outbox", "inbox"} {
+			expanded := strings.ReplaceAll(text, "omnibus_(outbox|inbox)_", "omnibus_"+kind+"_")
+			for _, tok := range tokenRE.FindAllString(expanded, -1) {
+				if !notMetrics[tok] {
+					assert.True(t, known(tok), "%s names %s, which no omnibus collector exports", what, tok)
+				}
+			}
+		}
+	}
+
+	raw, err := os.ReadFile("../docs/grafana-dashboard.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Type    string `json:"type"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash), "the dashboard is valid JSON")
+	panels := 0
+	for _, p := range dash.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		panels++
+		require.NotEmpty(t, p.Targets, "panel %q has queries", p.Title)
+		for _, q := range p.Targets {
+			require.NotEmpty(t, q.Expr, "panel %q", p.Title)
+			check("dashboard panel "+strconv.Quote(p.Title), q.Expr)
+		}
+	}
+	assert.Greater(t, panels, 10)
+
+	doc, err := os.ReadFile("../docs/observability.md")
+	require.NoError(t, err)
+	check("docs/observability.md", string(doc))
+	for name := range rec.names {
+		short := name
+		for _, prefix := range []string{"omnibus_outbox_", "omnibus_inbox_"} {
+			if s, ok := strings.CutPrefix(name, prefix); ok && name != "omnibus_inbox_stored_messages_total" {
+				short = s
+			}
+		}
+		assert.Contains(t, string(doc), "`"+short+"`", "docs/observability.md documents %s", name)
+	}
 }

@@ -46,6 +46,13 @@ type SettleInfo struct {
 	Err error
 }
 
+// InboxObserver is told, for every inbox store, how many messages were new
+// and how many were duplicates (already stored for the consumer group).
+// Metrics implements it.
+type InboxObserver interface {
+	ObserveStore(StoreInfo)
+}
+
 // StoreInfo describes one Inbox store call: how many messages were new and
 // how many were already stored for the consumer group (duplicates).
 type StoreInfo struct {
@@ -75,7 +82,8 @@ type Metrics struct {
 }
 
 var (
-	_ Observer = (*Metrics)(nil)
+	_ Observer      = (*Metrics)(nil)
+	_ InboxObserver = (*Metrics)(nil)
 
 	sizeBuckets     = prometheus.ExponentialBuckets(1, 2, 12)        // 1 … 2048
 	durationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 12) // 0.5 ms … ~30 s
@@ -135,8 +143,8 @@ func (m *Metrics) ObserveSettle(s SettleInfo) {
 	m.settleDuration.WithLabelValues(s.Table, s.ConsumerGroup).Observe(s.Duration.Seconds())
 }
 
-// ObserveStore counts the messages of one inbox store call by result (new
-// or duplicate).
+// ObserveStore implements InboxObserver: it counts the messages of one
+// inbox store call by result (new or duplicate).
 func (m *Metrics) ObserveStore(s StoreInfo) {
 	if s.New > 0 {
 		m.stored.WithLabelValues(s.Table, s.ConsumerGroup, "new").Add(float64(s.New))

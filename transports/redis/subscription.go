@@ -89,7 +89,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *
 		s:          s,
 		cfg:        &s.cfg,
 		client:     s.client,
-		logger:     s.logger.With("stream", stream),
+		logger:     s.logger.With("topic", topic, "stream", stream),
 		topic:      topic,
 		stream:     stream,
 		deadLetter: s.cfg.deadLetterStream(stream),
