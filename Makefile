@@ -14,10 +14,13 @@ build:
 services:
 	@bash scripts/services.sh
 
-## demo: the outbox written in a business transaction, relayed in order, printed
+## demo: orders and events written in transactions, relayed through a broker, ingested,
+## deduplicated and dispatched in order; prints a summary (BROKER=memory|postgres|kafka|redis)
+BROKER ?= memory
 demo:
 	@bash scripts/services.sh postgres
-	$(GO) run ./examples/outbox-basic
+	@if [ "$(BROKER)" = redis ]; then bash scripts/services.sh redis; fi
+	$(GO) run ./cmd/omnibus demo --broker $(BROKER)
 
 ## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake)
 test:
