@@ -1,0 +1,119 @@
+package omnibus_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus"
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/middleware"
+	"github.com/omnibus-go/omnibus/processors"
+	_ "github.com/omnibus-go/omnibus/transports/all"
+)
+
+type paid struct {
+	Order string `json:"order"`
+	Seq   int    `json:"seq"`
+}
+
+// TestOpen_OutboxToHandlersThroughTheConfiguredBroker runs the whole path
+// with the processors Bus builds from the config: outbox → relay → memory
+// broker → ingest → inbox → dispatcher → handler, in order per key.
+func TestOpen_OutboxToHandlersThroughTheConfiguredBroker(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := testenv.Name(t)[:30]
+	cfg := bus.Config{
+		Outbox: bus.OutboxConfig{Table: name + "_out"},
+		Inbox:  bus.InboxConfig{Table: name + "_in", ConsumerGroup: "test"},
+		Relay:  bus.RelayConfig{PollInterval: 50 * time.Millisecond},
+	}
+	b, err := omnibus.Open(ctx, cfg, omnibus.WithPool(testenv.Postgres(t)))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	require.NoError(t, b.Migrate(ctx))
+	assert.Equal(t, bus.BrokerMemory, b.BrokerName())
+
+	router, err := message.NewRouter(message.RouterConfig{}, nil)
+	require.NoError(t, err)
+	relay, err := b.NewRelay()
+	require.NoError(t, err)
+	relay.AddTo(router)
+	ingest, err := b.NewIngest("payments")
+	require.NoError(t, err)
+	defer ingest.Close()
+	ingest.AddTo(router)
+	disp, err := b.NewDispatcher()
+	require.NoError(t, err)
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	processors.Handle(disp, "order.paid", func(_ context.Context, ev paid, _ *message.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[ev.Order] = append(seen[ev.Order], ev.Seq)
+		return nil
+	})
+	disp.AddTo(router)
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	defer router.Close()
+
+	const perKey = 5
+	for seq := range perKey {
+		for _, order := range []string{"a", "b"} {
+			msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"order":%q,"seq":%d}`, order, seq))
+			bus.SetPartitionKey(msg, order)
+			bus.SetEventType(msg, "order.paid")
+			require.NoError(t, b.Outbox().Enqueue(ctx, b.Pool(), "payments", msg))
+		}
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen["a"]) == perKey && len(seen["b"]) == perKey
+	}, 30*time.Second, 10*time.Millisecond, "every event reaches its handler")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, seen["a"], "in order per key")
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, seen["b"], "in order per key")
+
+	st, err := b.InboxAdmin("test")
+	require.NoError(t, err)
+	assert.Equal(t, "test", st.ConsumerGroup())
+}
+
+func TestOpen_ConfigErrorsAndUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, err := omnibus.Open(ctx, bus.Config{Outbox: bus.OutboxConfig{Table: "bad name"}})
+	require.ErrorIs(t, err, bus.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "outbox.table")
+
+	_, err = omnibus.Open(ctx, bus.Config{Postgres: bus.PostgresConfig{URL: "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "postgres://u:REDACTED@127.0.0.1:1/db")
+	assert.NotContains(t, err.Error(), "hunter2")
+}
+
+func TestConfigMapping(t *testing.T) {
+	t.Parallel()
+	rc := omnibus.RetryConfig(bus.Config{Retry: bus.RetryConfig{Base: -time.Second, Cap: time.Minute}})
+	assert.Equal(t, middleware.NoDelay, rc.Base, "a negative base means no delay")
+	assert.Equal(t, time.Minute, rc.Cap)
+	bc := omnibus.BreakerConfig(bus.Config{})
+	assert.Equal(t, bus.DefaultBreakerThreshold, bc.FailureThreshold)
+	tables := omnibus.Tables(bus.Config{})
+	require.Len(t, tables, 2)
+	assert.Equal(t, bus.DefaultOutboxTable, tables[0].Name)
+	assert.Equal(t, bus.DefaultInboxTable, tables[1].Name)
+}
