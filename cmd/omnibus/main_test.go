@@ -411,11 +411,16 @@ func TestRelay_DeliversServesMetricsAndStopsGracefully(t *testing.T) {
 	assert.Equal(t, "ok\n", body)
 	code, body = get(t, "http://"+addr+"/metrics")
 	require.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, fmt.Sprintf(`omnibus_processor_messages_total{outcome="ok",processor="relay",source=%q} 10`, outbox))
-	assert.Contains(t, body, fmt.Sprintf(`omnibus_outbox_rows{state="completed",table=%q} 10`, outbox))
-	assert.Contains(t, body, `omnibus_processor_breaker_state{processor="relay"} 0`)
-	assert.Contains(t, body, "omnibus_outbox_oldest_pending_age_seconds")
-	assert.Contains(t, body, "go_goroutines")
+	for _, want := range []string{
+		`omnibus_handler_messages_total{handler="omnibus_outbox_relay",result="ok",topic="orders"} 10`,
+		`omnibus_publisher_messages_total{result="ok",topic="orders",transport="redis"} 10`,
+		fmt.Sprintf(`omnibus_outbox_completed_rows{table=%q} 10`, outbox),
+		fmt.Sprintf(`omnibus_outbox_oldest_pending_age_seconds{table=%q} 0`, outbox),
+		fmt.Sprintf(`omnibus_postgres_fetch_duration_seconds_count{consumer_group="",table=%q}`, outbox),
+		"go_goroutines",
+	} {
+		assert.Contains(t, body, want)
+	}
 
 	r := stop()
 	ok(t, r)
@@ -470,7 +475,7 @@ func TestIngest_StoresTheBrokersMessagesIntoTheInbox(t *testing.T) {
 	})
 	waitUntil(t, "duplicate seen", func() bool {
 		_, body := get(t, "http://"+addr+"/metrics")
-		return strings.Contains(body, fmt.Sprintf(`omnibus_processor_messages_total{outcome="ok",processor="ingest",source=%q} 6`, topic))
+		return strings.Contains(body, fmt.Sprintf(`omnibus_handler_messages_total{handler="omnibus_inbox_ingest_%s",result="ok",topic=%q} 6`, topic, topic))
 	})
 	ok(t, stop())
 	assert.Equal(t, 5, count(t, `SELECT count(*) FROM `+inbox+` WHERE topic = $1 AND status = 'pending'`, topic))

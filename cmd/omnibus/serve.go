@@ -21,6 +21,7 @@ import (
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/middleware"
+	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
@@ -35,19 +36,23 @@ Run as many as you like. On SIGINT or SIGTERM it stops fetching, lets in-flight
 publishes finish (relay.close_timeout) and releases the rows it had fetched.`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			return a.serve(cmd.Context(), "relay", func(b *omnibus.Bus, router *message.Router, m *metrics) (func(), error) {
-				relay, err := b.NewRelay()
+			return a.serve(cmd.Context(), "relay", func(b *omnibus.Bus, router *message.Router, m *metrics, logger *slog.Logger) (func(), error) {
+				rc := b.RelayConfig()
+				rc.Publisher = m.mw.Publisher(b.BrokerName(), rc.Publisher)
+				rc.Metrics = m.mw
+				rc.Subscriber.Observer = m.pg
+				relay, err := processors.NewOutboxRelay(b.Pool(), rc, logger)
 				if err != nil {
 					return nil, err
 				}
-				h := relay.AddTo(router)
-				h.AddMiddleware(m.handlerMiddleware("relay", relay.Subscriber().Config().Table))
-				m.breaker("relay", relay.Breaker())
+				relay.AddTo(router)
 				adm, err := b.OutboxAdmin()
 				if err != nil {
 					return nil, err
 				}
-				m.table("outbox", adm)
+				if err := m.table(adm); err != nil {
+					return nil, err
+				}
 				return func() {}, nil
 			})
 		}),
@@ -66,7 +71,7 @@ committed. Handle the stored rows with a processors.Dispatcher in your
 service. Serves /metrics and /healthz like relay, and stops the same way.`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			return a.serve(cmd.Context(), "ingest", func(b *omnibus.Bus, router *message.Router, m *metrics) (func(), error) {
+			return a.serve(cmd.Context(), "ingest", func(b *omnibus.Bus, router *message.Router, m *metrics, logger *slog.Logger) (func(), error) {
 				list := topics
 				if len(list) == 0 {
 					list = b.Config().Inbox.Topics
@@ -74,22 +79,29 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 				if len(list) == 0 {
 					return nil, &bus.ConfigError{Field: "inbox.topics", Reason: "required by ingest: the broker topics to store into the inbox (or --topic)"}
 				}
+				// Router-level, so that it runs outside each handler's Retry.
+				router.AddMiddleware(m.mw.Middleware)
 				var closers []func() error
 				for _, topic := range list {
-					ingest, err := b.NewIngest(topic)
+					ic, err := b.IngestConfig(topic)
+					if err != nil {
+						return nil, err
+					}
+					ic.Breaker.OnStateChange = m.mw.BreakerStateChange(ic.HandlerName)
+					ingest, err := processors.NewInboxIngest(b.Pool(), ic, logger)
 					if err != nil {
 						return nil, err
 					}
 					closers = append(closers, ingest.Close)
-					h := ingest.AddTo(router)
-					h.AddMiddleware(m.handlerMiddleware("ingest", topic))
-					m.breaker("ingest_"+topic, ingest.Breaker())
+					ingest.AddTo(router)
 				}
 				adm, err := b.InboxAdmin(b.Config().Inbox.ConsumerGroup)
 				if err != nil {
 					return nil, err
 				}
-				m.table("inbox", adm)
+				if err := m.table(adm); err != nil {
+					return nil, err
+				}
 				return func() {
 					for _, c := range closers {
 						_ = c()
@@ -105,7 +117,7 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 // serve runs a router built by setup until SIGINT/SIGTERM (or ctx ends),
 // with the metrics endpoint, then shuts down gracefully. setup returns what
 // to run after the router has stopped.
-func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *message.Router, *metrics) (func(), error)) error {
+func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *message.Router, *metrics, *slog.Logger) (func(), error)) error {
 	cfg, err := a.loadConfig()
 	if err != nil {
 		return err
@@ -124,8 +136,11 @@ func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *
 	if err != nil {
 		return err
 	}
-	m := newMetrics()
-	after, err := setup(b, router, m)
+	m, err := newMetrics()
+	if err != nil {
+		return err
+	}
+	after, err := setup(b, router, m, logger)
 	if err != nil {
 		return err
 	}
@@ -185,111 +200,32 @@ func (a *app) startMetrics(cfg bus.Config, m *metrics, router *message.Router, p
 	return srv, nil
 }
 
-// metrics is the command's own Prometheus registry.
+// metrics is the command's own Prometheus registry with omnibus's
+// instruments on it (docs/observability.md): handler, publisher and breaker
+// metrics, the subscribers' statements, and the table's backlog.
 type metrics struct {
-	reg      *prometheus.Registry
-	handled  *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	reg *prometheus.Registry
+	mw  *middleware.Metrics
+	pg  *postgres.Metrics
 }
 
-func newMetrics() *metrics {
+func newMetrics() (*metrics, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := &metrics{
-		reg: reg,
-		handled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "omnibus_processor_messages_total",
-			Help: "Messages handled by a processor (relay: published; ingest: stored), by outcome (ok or error; an error is retried or failed per its class).",
-		}, []string{"processor", "source", "outcome"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "omnibus_processor_handle_duration_seconds",
-			Help:    "Time to handle one message (relay: publish to the broker; ingest: store in the inbox).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, []string{"processor", "source"}),
-	}
-	reg.MustRegister(m.handled, m.duration)
-	return m
-}
-
-// handlerMiddleware counts and times each handler call.
-func (m *metrics) handlerMiddleware(processor, source string) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			start := time.Now()
-			out, err := h(msg)
-			m.duration.WithLabelValues(processor, source).Observe(time.Since(start).Seconds())
-			outcome := "ok"
-			if err != nil {
-				outcome = "error"
-			}
-			m.handled.WithLabelValues(processor, source, outcome).Inc()
-			return out, err
-		}
-	}
-}
-
-// breaker exports a circuit breaker's state (0 closed, 1 open, 2 half-open).
-func (m *metrics) breaker(processor string, b *middleware.CircuitBreaker) {
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name:        "omnibus_processor_breaker_state",
-		Help:        "Circuit breaker state: 0 closed, 1 open (failing fast, no attempts spent), 2 half-open.",
-		ConstLabels: prometheus.Labels{"processor": processor},
-	}, func() float64 { return float64(b.State()) }))
-}
-
-// table exports the table's Stats, taken at scrape time.
-func (m *metrics) table(kind string, adm *postgres.Admin) {
-	m.reg.MustRegister(&tableCollector{kind: kind, adm: adm, labels: prometheus.Labels{"table": adm.Table().Name}})
-}
-
-type tableCollector struct {
-	kind   string
-	adm    *postgres.Admin
-	labels prometheus.Labels
-}
-
-func (c *tableCollector) desc(name, help string, variable ...string) *prometheus.Desc {
-	return prometheus.NewDesc("omnibus_"+c.kind+"_"+name, help, variable, c.labels)
-}
-
-// Describe sends the descriptions without touching the database.
-func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs() {
-		ch <- d
-	}
-}
-
-func (c *tableCollector) descs() []*prometheus.Desc {
-	return []*prometheus.Desc{
-		c.desc("stats_up", "1 when the table's stats could be read at this scrape."),
-		c.desc("rows", "Rows by state: pending (all), due, leased, expired_lease (subsets of pending), failed, completed.", "state"),
-		c.desc("oldest_pending_age_seconds", "Age of the oldest pending row; 0 when none."),
-		c.desc("keys", "Keys (topic, partition key) with pending rows."),
-		c.desc("held_keys", "Keys held back behind a head waiting for its retry."),
-		c.desc("blocked_keys", "Keys frozen behind a failed row (failed_policy block)."),
-	}
-}
-
-func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	d := c.descs()
-	up := d[0]
-	st, err := c.adm.Stats(ctx)
+	mw, err := middleware.NewMetrics(reg, middleware.MetricsConfig{})
 	if err != nil {
-		ch <- prometheus.MustNewConstMetric(up, prometheus.GaugeValue, 0)
-		return
+		return nil, err
 	}
-	ch <- prometheus.MustNewConstMetric(up, prometheus.GaugeValue, 1)
-	rows := d[1]
-	for state, v := range map[string]int64{
-		"pending": st.Pending, "due": st.Due, "leased": st.Leased, "expired_lease": st.ExpiredLeases,
-		"failed": st.Failed, "completed": st.Completed,
-	} {
-		ch <- prometheus.MustNewConstMetric(rows, prometheus.GaugeValue, float64(v), state)
+	pg, err := postgres.NewMetrics(reg)
+	if err != nil {
+		return nil, err
 	}
-	ch <- prometheus.MustNewConstMetric(d[2], prometheus.GaugeValue, st.OldestPendingAge.Seconds())
-	ch <- prometheus.MustNewConstMetric(d[3], prometheus.GaugeValue, float64(st.Lanes))
-	ch <- prometheus.MustNewConstMetric(d[4], prometheus.GaugeValue, float64(st.HeldKeys))
-	ch <- prometheus.MustNewConstMetric(d[5], prometheus.GaugeValue, float64(st.BlockedKeys))
+	return &metrics{reg: reg, mw: mw, pg: pg}, nil
+}
+
+// table exports the backlog of adm's table (read at most every
+// postgres.DefaultStatsInterval).
+func (m *metrics) table(adm *postgres.Admin) error {
+	_, err := postgres.NewStatsCollector(adm, m.reg, 0)
+	return err
 }
