@@ -394,3 +394,42 @@ func TestObservabilityDocs_NameExactlyTheExportedMetrics(t *testing.T) {
 		assert.Contains(t, string(doc), "`"+short+"`", "docs/observability.md documents %s", name)
 	}
 }
+
+// Without Tracing the relay passes each row's trace context on unchanged,
+// even when the context it runs with carries a span of its own.
+func TestOutboxRelay_WithoutTracingPassesTheRowsTraceContextOn(t *testing.T) {
+	t.Parallel()
+	pool, ob := newTable(t)
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, business := tp.Tracer("shop").Start(context.Background(), "place order")
+	traced := keyed("k", "traced")
+	require.NoError(t, ob.Enqueue(ctx, pool, "orders", traced))
+	business.End()
+	require.NoError(t, ob.Enqueue(context.Background(), pool, "orders", keyed("k", "untraced")))
+
+	tgt := newTarget(nil)
+	relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
+		Publisher:  tgt,
+		Subscriber: postgres.SubscriberConfig{Table: ob.Table(), PollInterval: 20 * time.Millisecond},
+	}, nil)
+	require.NoError(t, err)
+	runCtx, startup := tp.Tracer("app").Start(context.Background(), "application start")
+	defer startup.End()
+	runCtx, cancel := context.WithCancel(runCtx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+
+	waitFor(t, "both rows published", 30*time.Second, func() bool {
+		_, d := tgt.snapshot()
+		return len(d) == 2
+	})
+	_, delivered := tgt.snapshot()
+	got := trace.SpanContextFromContext(bus.ExtractTraceContext(context.Background(), delivered[0].Metadata))
+	assert.Equal(t, business.SpanContext().SpanID(), got.SpanID(), "the row's trace context, not the relay's")
+	assert.Empty(t, delivered[1].Metadata.Get(bus.KeyTraceparent), "a row without a trace context gets none")
+}

@@ -118,8 +118,12 @@ func (r *OutboxRelay) Handle(msg *message.Message) error {
 	for k, v := range msg.Metadata {
 		out.Metadata.Set(k, v)
 	}
-	// With Tracing, the producer span becomes the consumers' parent.
-	bus.InjectTraceContext(msg.Context(), out.Metadata)
+	if r.cfg.Tracing != nil {
+		// The producer span becomes the consumers' parent. Without Tracing
+		// the row's own trace context goes out unchanged (whatever span the
+		// relay's context may carry is not the row's).
+		bus.InjectTraceContext(msg.Context(), out.Metadata)
+	}
 	out.SetContext(msg.Context())
 	if err := r.cfg.Publisher.Publish(d.Topic, out); err != nil {
 		return fmt.Errorf("publish %s to %q: %w", msg.UUID, d.Topic, err)
