@@ -28,6 +28,10 @@ const (
 	MemoryNackDelay = 100 * time.Millisecond
 	// MemorySource is the bus.Delivery Source of the memory broker's messages.
 	MemorySource = "memory"
+	// MemoryRetention is how long a message is kept after it was published,
+	// even when every group acked it, so that a group subscribing a little
+	// later (a router starts its handlers concurrently) still receives it.
+	MemoryRetention = time.Minute
 )
 
 // ErrMemoryClosed is returned by the memory broker after Close.
@@ -47,14 +51,16 @@ var ErrMemoryClosed = errors.New("memory broker: closed")
 // an error log (there is no dead-letter queue). Delivery is at least once:
 // a message in flight when its subscription ends is handed out again.
 //
-// A message is held until every consumer group that has subscribed to its
-// topic acked it; until the first group subscribes, every message is held.
-// A group that subscribes for the first time starts at the oldest message
-// still held.
+// A message is held for MemoryRetention after it was published, and longer
+// until every consumer group that has subscribed to its topic acked it. A
+// group that subscribes for the first time starts at the oldest message
+// still held, so the groups of a service that starts together all see the
+// same messages.
 type MemoryBroker struct {
-	logger  *slog.Logger
-	closing chan struct{}
-	wg      sync.WaitGroup
+	logger    *slog.Logger
+	retention time.Duration
+	closing   chan struct{}
+	wg        sync.WaitGroup
 
 	mu     sync.Mutex
 	closed bool
@@ -63,10 +69,12 @@ type MemoryBroker struct {
 }
 
 type memTopic struct {
-	name   string
-	base   int64 // offset of log[0]
-	log    []*message.Message
-	groups map[string]*memGroup
+	name      string
+	retention time.Duration
+	base      int64 // offset of log[0]
+	log       []*message.Message
+	times     []time.Time // publish time of each message of log
+	groups    map[string]*memGroup
 }
 
 type memGroup struct {
@@ -91,10 +99,11 @@ type memItem struct {
 // logging.
 func NewMemoryBroker(logger *slog.Logger) *MemoryBroker {
 	return &MemoryBroker{
-		logger:  LoggerOrNop(logger),
-		closing: make(chan struct{}),
-		topics:  map[string]*memTopic{},
-		timers:  map[*time.Timer]struct{}{},
+		logger:    LoggerOrNop(logger),
+		retention: MemoryRetention,
+		closing:   make(chan struct{}),
+		topics:    map[string]*memTopic{},
+		timers:    map[*time.Timer]struct{}{},
 	}
 }
 
@@ -137,12 +146,15 @@ func (b *MemoryBroker) Publish(topic string, msgs ...*message.Message) error {
 		return ErrMemoryClosed
 	}
 	t := b.topicLocked(topic)
+	now := time.Now()
 	for _, m := range msgs {
 		t.log = append(t.log, m.Copy())
+		t.times = append(t.times, now)
 	}
 	for _, g := range t.groups {
 		g.pump()
 	}
+	t.trim(now.Add(-b.retention))
 	return nil
 }
 
@@ -158,7 +170,7 @@ func (memPublisher) Close() error { return nil }
 func (b *MemoryBroker) topicLocked(name string) *memTopic {
 	t, ok := b.topics[name]
 	if !ok {
-		t = &memTopic{name: name, groups: map[string]*memGroup{}}
+		t = &memTopic{name: name, groups: map[string]*memGroup{}, retention: b.retention}
 		b.topics[name] = t
 	}
 	return t
@@ -231,23 +243,35 @@ func (g *memGroup) done(it memItem) {
 			delete(g.busy, key)
 		}
 	}
-	g.topic.trim()
+	g.topic.trim(time.Now().Add(-g.topic.retention))
 	g.pump()
 }
 
-// trim drops the messages every group has acked.
-func (t *memTopic) trim() {
+// trim drops the messages every group has acked that were published
+// before cutoff.
+func (t *memTopic) trim(cutoff time.Time) {
 	low := int64(-1)
 	for _, g := range t.groups {
 		if low < 0 || g.committed < low {
 			low = g.committed
 		}
 	}
-	if n := low - t.base; low >= 0 && n > 0 {
-		clear(t.log[:n])
-		t.log = t.log[n:]
-		t.base = low
+	n := int(low - t.base)
+	if low < 0 || n <= 0 {
+		return
 	}
+	for i := range n {
+		if t.times[i].After(cutoff) {
+			n = i
+			break
+		}
+	}
+	if n == 0 {
+		return
+	}
+	clear(t.log[:n])
+	t.log, t.times = t.log[n:], t.times[n:]
+	t.base += int64(n)
 }
 
 // MemorySubscriber receives from a MemoryBroker as one consumer group.

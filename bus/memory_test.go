@@ -49,7 +49,8 @@ func TestMemory_EveryGroupReceivesEveryMessageHeldUntilSubscribed(t *testing.T) 
 	defer cancel()
 	b := NewMemoryBroker(nil)
 	defer b.Close()
-	// Published before anyone subscribed: held for the first groups.
+	// Published before anyone subscribed: held for the first groups, and
+	// for a while after every group known acked them.
 	require.NoError(t, b.Publish("t", memMsg("", 1), memMsg("", 2)))
 	for _, g := range []string{"a", "b"} {
 		ch := memSub(t, b, g, "t", ctx)
@@ -173,6 +174,7 @@ func TestMemory_AckedMessagesAreDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	b := NewMemoryBroker(nil)
+	b.retention = 0
 	defer b.Close()
 	ch := memSub(t, b, "g", "t", ctx)
 	for i := range 10 {
@@ -186,6 +188,20 @@ func TestMemory_AckedMessagesAreDropped(t *testing.T) {
 		defer b.mu.Unlock()
 		return len(b.topics["t"].log) == 0
 	}, 5*time.Second, time.Millisecond, "the log is trimmed once every group acked")
+
+	// With the default retention, acked messages stay for a late group.
+	b2 := NewMemoryBroker(nil)
+	defer b2.Close()
+	ch = memSub(t, b2, "early", "t", ctx)
+	require.NoError(t, b2.Publish("t", memMsg("", 0)))
+	m := receive(t, ctx, ch)
+	m.Ack()
+	require.Eventually(t, func() bool {
+		b2.mu.Lock()
+		defer b2.mu.Unlock()
+		return b2.topics["t"].groups["early"].committed == 1
+	}, 5*time.Second, time.Millisecond)
+	assert.Equal(t, m.UUID, receive(t, ctx, memSub(t, b2, "late", "t", ctx)).UUID, "a late group still receives it")
 }
 
 func TestMemory_Closed(t *testing.T) {
