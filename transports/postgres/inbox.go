@@ -30,6 +30,11 @@ type InboxConfig struct {
 	// MaxAttempts is the attempt budget of stored messages that do not set
 	// their own (SetMaxAttempts). Default DefaultMaxAttempts.
 	MaxAttempts int
+	// Observer, when set, is told how many messages of every successful
+	// store were new and how many were duplicates (Metrics implements it).
+	// It is told when the insert statement returns: a store in a transaction
+	// that is rolled back later has been counted all the same.
+	Observer InboxObserver
 }
 
 func (c *InboxConfig) setDefaults() {
@@ -178,11 +183,16 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 		return nil, fmt.Errorf("store %d messages to %q for group %q: %w", n, in.cfg.Table, opts.Group, err)
 	}
 	fresh := make([]bool, n)
+	newCount := 0
 	for i, id := range msgIDs {
 		if inserted[id] {
 			fresh[i] = true
+			newCount++
 			delete(inserted, id) // a repeat within msgs is not new
 		}
+	}
+	if in.cfg.Observer != nil {
+		in.cfg.Observer.ObserveStore(StoreInfo{Table: in.cfg.Table, ConsumerGroup: opts.Group, New: newCount, Duplicates: n - newCount})
 	}
 	return fresh, nil
 }

@@ -457,3 +457,24 @@ func TestTxFromContext(t *testing.T) {
 	assert.False(t, ok, "a nil tx is no tx")
 	assert.True(t, errors.Is(fmt.Errorf("x: %w", ErrLeaseLost), ErrLeaseLost))
 }
+
+type storeRecorder struct{ got []StoreInfo }
+
+func (r *storeRecorder) ObserveStore(s StoreInfo) { r.got = append(r.got, s) }
+
+func TestInbox_ObserverCountsNewAndDuplicates(t *testing.T) {
+	t.Parallel()
+	pool, in := newInbox(t)
+	rec := &storeRecorder{}
+	obs, err := NewInbox(InboxConfig{Table: in.Table(), Observer: rec})
+	require.NoError(t, err)
+	a, b := received("orders", "", "", "a"), received("orders", "", "", "b")
+	_, err = obs.Store(context.Background(), pool, "g", a, b)
+	require.NoError(t, err)
+	_, err = obs.Store(context.Background(), pool, "g", a, b, received("orders", "", "", "c"))
+	require.NoError(t, err)
+	assert.Equal(t, []StoreInfo{
+		{Table: in.Table(), ConsumerGroup: "g", New: 2},
+		{Table: in.Table(), ConsumerGroup: "g", New: 1, Duplicates: 2},
+	}, rec.got)
+}
