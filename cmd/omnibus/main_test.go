@@ -477,6 +477,9 @@ func TestIngest_StoresTheBrokersMessagesIntoTheInbox(t *testing.T) {
 		_, body := get(t, "http://"+addr+"/metrics")
 		return strings.Contains(body, fmt.Sprintf(`omnibus_handler_messages_total{handler="omnibus_inbox_ingest_%s",result="ok",topic=%q} 6`, topic, topic))
 	})
+	_, body := get(t, "http://"+addr+"/metrics")
+	assert.Contains(t, body, fmt.Sprintf(`omnibus_inbox_stored_messages_total{consumer_group=%q,result="duplicate",table=%q} 1`, group, inbox))
+	assert.Contains(t, body, fmt.Sprintf(`omnibus_inbox_stored_messages_total{consumer_group=%q,result="new",table=%q} 5`, group, inbox))
 	ok(t, stop())
 	assert.Equal(t, 5, count(t, `SELECT count(*) FROM `+inbox+` WHERE topic = $1 AND status = 'pending'`, topic))
 }

@@ -88,6 +88,7 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 						return nil, err
 					}
 					ic.Breaker.OnStateChange = m.mw.BreakerStateChange(ic.HandlerName)
+					ic.Inbox.Observer = m.pg // new and duplicate messages
 					ingest, err := processors.NewInboxIngest(b.Pool(), ic, logger)
 					if err != nil {
 						return nil, err
