@@ -111,6 +111,7 @@ func run() error {
 		return err
 	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(relayCtx) }()
 
