@@ -15,43 +15,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
-
-const defaultPostgresURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-
-func postgresURL() string {
-	if u := os.Getenv("OMNIBUS_TEST_POSTGRES_URL"); u != "" {
-		return u
-	}
-	return defaultPostgresURL
-}
 
 // newPool opens a pool of its own for one benchmark and closes it at the end.
 // tracer (may be nil) sees every statement the pool runs.
 func newPool(b *testing.B, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(postgresURL())
-	if err != nil {
-		b.Fatalf("parse OMNIBUS_TEST_POSTGRES_URL %q: %v", postgresURL(), err)
-	}
-	cfg.MaxConns = maxConns
-	cfg.ConnConfig.Tracer = tracer
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		b.Fatalf("PostgreSQL is not reachable at %s: %v\n"+
-			"Start it with `make services` (or set OMNIBUS_TEST_POSTGRES_URL to a server you run).", postgresURL(), err)
-	}
-	b.Cleanup(pool.Close)
-	return pool
+	return testenv.NewTracedPostgresPool(b, maxConns, tracer)
 }
 
 // table is one migrated outbox or inbox table of a benchmark.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -65,13 +66,21 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 // NewPostgresPool opens a separate pool of at most maxConns connections and
 // closes it when the test ends. Use it only where a test needs a pool of its
 // own (for instance to hold connections apart from the shared pool).
-func NewPostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
-	t.Helper()
+func NewPostgresPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	return NewTracedPostgresPool(tb, maxConns, nil)
+}
+
+// NewTracedPostgresPool is NewPostgresPool with a tracer (nil for none) that
+// sees every statement the pool runs; benchmarks use it to profile queries.
+func NewTracedPostgresPool(tb testing.TB, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(PostgresURL())
 	if err != nil {
-		t.Fatalf("parse OMNIBUS_TEST_POSTGRES_URL: %v", err)
+		tb.Fatalf("parse OMNIBUS_TEST_POSTGRES_URL %q: %v", PostgresURL(), err)
 	}
 	cfg.MaxConns = maxConns
+	cfg.ConnConfig.Tracer = tracer
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -79,10 +88,13 @@ func NewPostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 		err = pool.Ping(ctx)
 	}
 	if err != nil {
-		t.Fatalf("PostgreSQL is not reachable at %s: %v\n"+
+		if pool != nil {
+			pool.Close()
+		}
+		tb.Fatalf("PostgreSQL is not reachable at %s: %v\n"+
 			"Start it with `make services` (or set OMNIBUS_TEST_POSTGRES_URL to a server you run).",
 			PostgresURL(), err)
 	}
-	t.Cleanup(pool.Close)
+	tb.Cleanup(pool.Close)
 	return pool
 }
