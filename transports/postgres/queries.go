@@ -24,7 +24,6 @@ type queries struct {
 	extendRows   string
 	extendLanes  string
 	sweep        string
-	releaseAll   string
 }
 
 // rowColumns are the columns fetch returns, in scan order.
@@ -93,7 +92,8 @@ WITH lane AS (
     FROM {L} l
     WHERE l.ready_at <= now()
       AND (l.locked_until IS NULL OR l.locked_until < now())
-      AND ($6::text IS NULL OR l.topic = $6){LANEGROUP}
+      AND ($6::text IS NULL OR l.topic = $6)
+      AND l.consumer_group = $7 -- outbox lanes all belong to the group ''
     ORDER BY l.ready_at
     LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED
@@ -146,7 +146,6 @@ FROM picked
 UNION ALL
 SELECT true, NULL, NULL, topic, partition_key, NULL, NULL, NULL, NULL, NULL, NULL, consumer_group
 FROM leased`,
-		"{LANEGROUP}", laneGroupFilter(inbox),
 		"{G_T}", g("t", "lane"),
 		"{G_F}", g("f", "lane"),
 		"{GP_T}", gp("t"),
@@ -325,9 +324,6 @@ ON CONFLICT DO NOTHING`,
 		"{SWEEPGROUP}", sweepGroup(inbox),
 	)
 
-	q.releaseAll = build(`
-UPDATE {T} SET locked_by = NULL, locked_until = NULL
-WHERE id = ANY($2::bigint[]) AND locked_by = $1`)
 	return q
 }
 
@@ -337,12 +333,6 @@ func gk(inbox bool) string {
 		return ""
 	}
 	return " AND t.consumer_group = k.g"
-}
-
-// laneGroupFilter restricts lanes to the consumer group $7; outbox lanes
-// all belong to the group "".
-func laneGroupFilter(bool) string {
-	return "\n      AND l.consumer_group = $7"
 }
 
 func sweepGroup(inbox bool) string {
