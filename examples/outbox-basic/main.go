@@ -95,8 +95,11 @@ func run() error {
 	}
 	fmt.Printf("wrote %d orders and %d events in %d transactions\n", len(orders), 3*len(orders), 3*len(orders))
 
-	// The broker: in-memory here; Kafka or Redis in production.
-	broker := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	// The broker: in-memory here; Kafka or Redis in production. GoChannel
+	// hands each message to its subscribers on a goroutine of its own unless
+	// Publish waits for the subscriber's ack, so without that setting two
+	// events of one order could overtake each other inside the broker.
+	broker := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	defer broker.Close()
 	delivered, err := broker.Subscribe(ctx, topic)
 	if err != nil {
