@@ -271,10 +271,6 @@ func (d *Dispatcher) Dispatch(msg *message.Message) error {
 // Transactional option, runs the handler in a transaction that also
 // completes msg's inbox row, committed before the message is acked.
 func (d *Dispatcher) HandleMessage(msg *message.Message) error {
-	if msg.UUID == "" {
-		// Rows stored with a non-UUID message id carry it in the metadata.
-		msg.UUID = bus.EventID(msg)
-	}
 	run, err := d.prepare(msg)
 	if err != nil || run == nil {
 		return err

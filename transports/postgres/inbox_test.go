@@ -342,6 +342,7 @@ func TestSubscriber_InboxDeliversOneGroupsRowsWithTheirIDs(t *testing.T) {
 	m = next(t, ch)
 	assert.Equal(t, "b", string(m.Payload))
 	assert.Equal(t, "evt-odd", bus.EventID(m), "a non-UUID message id survives the round trip")
+	assert.Equal(t, "evt-odd", m.UUID, "and is the delivered message's UUID")
 	m.Ack()
 	select {
 	case m := <-ch:

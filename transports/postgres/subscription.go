@@ -203,6 +203,11 @@ func (s *Subscriber) newMessage(ctx context.Context, r row) *message.Message {
 	if r.metadata != nil {
 		msg.Metadata = r.metadata
 	}
+	if msg.UUID == "" {
+		// An inbox row whose message id is not a UUID has no event_id
+		// column; Inbox.Store keeps the id in the metadata instead.
+		msg.UUID = msg.Metadata.Get(bus.KeyEventID)
+	}
 	if r.partitionKey != nil && msg.Metadata.Get(bus.KeyPartitionKey) == "" {
 		msg.Metadata.Set(bus.KeyPartitionKey, *r.partitionKey)
 	}
