@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
@@ -74,6 +75,37 @@ func newTheirPublisher(b *testing.B, brokers []string) *wmkafka.Publisher {
 	b.Cleanup(func() { _ = p.Close() })
 	return p
 }
+
+// franzPublisher publishes with a franz-go client in its defaults
+// (idempotent, acks from all in-sync replicas, up to 5 produce requests in
+// flight per broker), the record keyed by the partition key. It is the
+// reference for what one client can get from the broker, not a transport.
+type franzPublisher struct{ client *kgo.Client }
+
+func newFranzPublisher(b *testing.B, brokers []string) franzPublisher {
+	b.Helper()
+	client, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(client.Close)
+	return franzPublisher{client: client}
+}
+
+func (p franzPublisher) Publish(topic string, msgs ...*message.Message) error {
+	records := make([]*kgo.Record, len(msgs))
+	for i, msg := range msgs {
+		records[i] = &kgo.Record{
+			Topic:   topic,
+			Key:     []byte(bus.PartitionKey(msg)),
+			Value:   msg.Payload,
+			Headers: []kgo.RecordHeader{{Key: "uuid", Value: []byte(msg.UUID)}},
+		}
+	}
+	return p.client.ProduceSync(context.Background(), records...).FirstErr()
+}
+
+func (p franzPublisher) Close() error { return nil } // the client closes in Cleanup
 
 // publishConcurrently publishes n messages from goroutines goroutines,
 // perCall messages per Publish call (n must be a multiple of it).
