@@ -24,7 +24,7 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 	var groupFlag string
 	cmd := &cobra.Command{
 		Use:   kind,
-		Short: "Inspect and repair the " + kind + " table: stats, failed, requeue, cleanup",
+		Short: "Inspect and repair the " + kind + " table: stats, failed, requeue, cleanup, release-leases, sweep-lanes",
 		Args:  cobra.ArbitraryArgs,
 		RunE:  group,
 	}
@@ -199,7 +199,49 @@ deleted so far.`,
 	cleanup.Flags().DurationVar(&olderThan, "older-than", 0, "delete rows completed longer ago than this (default: the retention key of the table)")
 	cleanup.Flags().IntVar(&cleanBatch, "batch", 1000, "rows per delete statement")
 
-	cmd.AddCommand(stats, failed, requeue, cleanup)
+	releaseLeases := &cobra.Command{
+		Use:   "release-leases",
+		Short: "Clear expired leases on pending rows and lanes",
+		Long: `release-leases clears the leases that have expired on pending rows and on
+lanes: what a relay or dispatcher left behind when it stopped without settling.
+Relays take over expired leases by themselves; this makes the table (and stats)
+read true at once. Rows and lanes being locked right now are skipped, and live
+leases are never touched.`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			return withAdmin(cmd.Context(), func(_ bus.Config, _ *pgxpool.Pool, adm *postgres.Admin) error {
+				rows, lanes, err := adm.ReleaseExpiredLeases(cmd.Context())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "released expired leases of %s and %s in %s\n",
+					plural(rows, "row"), plural(lanes, "lane"), describe(adm))
+				return nil
+			})
+		}),
+	}
+
+	sweepLanes := &cobra.Command{
+		Use:   "sweep-lanes",
+		Short: "Recreate the lane of every key that has pending rows but no lane",
+		Long: `sweep-lanes creates the missing lane of every key with pending rows but
+without a lane (rows inserted with triggers disabled, lanes deleted by hand), so
+relays see those keys again. Relays run the same sweep periodically
+(sweep_interval); this does it now. It covers every consumer group.`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			return withAdmin(cmd.Context(), func(_ bus.Config, _ *pgxpool.Pool, adm *postgres.Admin) error {
+				n, err := adm.SweepLanes(cmd.Context())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "created %s in %s\n", plural(n, "missing lane"), adm.Table().Name)
+				return nil
+			})
+		}),
+	}
+
+	cmd.AddCommand(stats, failed, requeue, cleanup, releaseLeases, sweepLanes)
 	return cmd
 }
 

@@ -170,7 +170,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 	}{
 		{"no command", nil, "missing command"},
 		{"unknown command", []string{"bogus"}, `unknown command "bogus" for "omnibus"`},
-		{"group without subcommand", []string{"outbox"}, "omnibus outbox needs a subcommand: cleanup, failed, requeue, stats"},
+		{"group without subcommand", []string{"outbox"}, "omnibus outbox needs a subcommand: cleanup, failed, release-leases, requeue, stats, sweep-lanes"},
 		{"unknown subcommand", []string{"inbox", "purge"}, `unknown command "purge" for "omnibus inbox"`},
 		{"unknown flag", []string{"outbox", "stats", "--nope"}, "unknown flag: --nope"},
 		{"bad flag value", []string{"outbox", "cleanup", "--older-than", "soon"}, `invalid argument "soon" for "--older-than"`},
@@ -283,6 +283,17 @@ func TestOutboxAdmin_Golden(t *testing.T) {
 	assert.Equal(t, "cleanup: 2/2 rows\n", r.stderr)
 	step("outbox", "cleanup", "--older-than", "0s")
 	step("outbox", "failed")
+	// Row 5's relay stopped without settling and its lease expired; the lane
+	// of order-0 was deleted by hand.
+	_, err = pool.Exec(ctx, `
+		UPDATE `+outbox+` SET locked_by = 'gone', locked_until = now() - interval '1 minute' WHERE id = 5;
+		DELETE FROM `+outbox+`_lanes WHERE partition_key = 'order-0';`)
+	require.NoError(t, err)
+	step("outbox", "stats")
+	step("outbox", "release-leases")
+	step("outbox", "release-leases")
+	step("outbox", "sweep-lanes")
+	step("outbox", "sweep-lanes")
 	step("outbox", "stats")
 	step("outbox", "stats", "--json")
 	golden(t, "outbox_admin", strings.ReplaceAll(transcript.String(), outbox, "TABLE"))
