@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -21,26 +22,26 @@ const (
 
 // seedOutbox inserts n pending rows over keys keys into an outbox table, a
 // key's rows spread over the table in id order.
-func seedOutbox(b *testing.B, pool *pgxpool.Pool, t table, n, keys int) {
+func seedOutbox(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, n, keys int) {
 	b.Helper()
 	if _, err := pool.Exec(context.Background(), `
-INSERT INTO `+t.quoted+` (event_id, topic, partition_key, event_type, payload, metadata)
+INSERT INTO `+t.Quoted+` (event_id, topic, partition_key, event_type, payload, metadata)
 SELECT gen_random_uuid(), 'bench', k.key, 'bench.event', '{}'::bytea, jsonb_build_object('partition_key', k.key)
 FROM generate_series(0, $1::int - 1) AS g
 CROSS JOIN LATERAL (SELECT 'key-' || (g % $2::int)::text AS key) AS k`, n, keys); err != nil {
-		b.Fatalf("seed %s: %v", t.name, err)
+		b.Fatalf("seed %s: %v", t.Name, err)
 	}
 }
 
 // seedInbox inserts the same shape into an inbox table for group "bench".
-func seedInbox(b *testing.B, pool *pgxpool.Pool, t table, n, keys int) {
+func seedInbox(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, n, keys int) {
 	b.Helper()
 	if _, err := pool.Exec(context.Background(), `
-INSERT INTO `+t.quoted+` (message_id, consumer_group, event_id, topic, partition_key, event_type, payload, metadata)
+INSERT INTO `+t.Quoted+` (message_id, consumer_group, event_id, topic, partition_key, event_type, payload, metadata)
 SELECT u::text, 'bench', u, 'bench', k.key, 'bench.event', '{}'::bytea, jsonb_build_object('partition_key', k.key)
 FROM generate_series(0, $1::int - 1) AS g
 CROSS JOIN LATERAL (SELECT 'key-' || (g % $2::int)::text AS key, gen_random_uuid() AS u) AS k`, n, keys); err != nil {
-		b.Fatalf("seed %s: %v", t.name, err)
+		b.Fatalf("seed %s: %v", t.Name, err)
 	}
 }
 
@@ -63,14 +64,14 @@ func BenchmarkInboxDispatch(b *testing.B) {
 	var dispatchSum, txSum, relaySum float64
 	for range b.N {
 		b.StopTimer()
-		pool := newPool(b, 20, nil)
-		outboxT := newTable(b, pool, postgres.KindOutbox, "relay")
-		inboxT := newTable(b, pool, postgres.KindInbox, "dispatch")
-		txT := newTable(b, pool, postgres.KindInbox, "dispatch_tx")
+		pool := pgbench.NewPool(b, 20, nil)
+		outboxT := pgbench.NewTable(b, pool, postgres.KindOutbox, "relay")
+		inboxT := pgbench.NewTable(b, pool, postgres.KindInbox, "dispatch")
+		txT := pgbench.NewTable(b, pool, postgres.KindInbox, "dispatch_tx")
 		seedOutbox(b, pool, outboxT, dispatchRows, dispatchKeys)
 		seedInbox(b, pool, inboxT, dispatchRows, dispatchKeys)
 		seedInbox(b, pool, txT, dispatchRows, dispatchKeys)
-		vacuum(b, pool, outboxT, inboxT, txT)
+		pgbench.Vacuum(b, pool, outboxT, inboxT, txT)
 		b.StartTimer()
 
 		var relay, dispatch, tx float64
@@ -86,12 +87,12 @@ func BenchmarkInboxDispatch(b *testing.B) {
 			s()
 		}
 		b.StopTimer()
-		for _, t := range []table{outboxT, inboxT, txT} {
-			if n := count(b, pool, `SELECT count(*) FROM `+t.quoted+` WHERE status = 'pending'`); n != 0 {
-				b.Fatalf("%s: %d rows still pending", t.name, n)
+		for _, t := range []pgbench.Table{outboxT, inboxT, txT} {
+			if n := pgbench.Count(b, pool, `SELECT count(*) FROM `+t.Quoted+` WHERE status = 'pending'`); n != 0 {
+				b.Fatalf("%s: %d rows still pending", t.Name, n)
 			}
 		}
-		b.Logf("dispatch: %.0f/s; transactional dispatch: %.0f/s; relay: %.0f/s; %s", dispatch, tx, relay, loadAvg())
+		b.Logf("dispatch: %.0f/s; transactional dispatch: %.0f/s; relay: %.0f/s; %s", dispatch, tx, relay, pgbench.LoadAvg(1))
 		dispatchSum += dispatch
 		txSum += tx
 		relaySum += relay
@@ -102,40 +103,40 @@ func BenchmarkInboxDispatch(b *testing.B) {
 	b.ReportMetric(100*dispatchSum/relaySum, "dispatch/relay-%")
 }
 
-func runRelay(b *testing.B, pool *pgxpool.Pool, t table) float64 {
+func runRelay(b *testing.B, pool *pgxpool.Pool, t pgbench.Table) float64 {
 	b.Helper()
-	c := newCountdown(dispatchRows)
+	c := pgbench.NewCountdown(dispatchRows)
 	r, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
-		Publisher:  sink{c: c},
-		Subscriber: postgres.SubscriberConfig{Table: t.name},
+		Publisher:  &pgbench.Sink{Countdown: c},
+		Subscriber: postgres.SubscriberConfig{Table: t.Name},
 	}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	begin := time.Now()
 	rn := start(r)
-	end := c.wait(b, 5*time.Minute)
+	end := c.Wait(b, 5*time.Minute)
 	rn.stop(b)
-	return perSecond(dispatchRows, end.Sub(begin))
+	return pgbench.PerSecond(dispatchRows, end.Sub(begin))
 }
 
-func runDispatch(b *testing.B, pool *pgxpool.Pool, t table, transactional bool) float64 {
+func runDispatch(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, transactional bool) float64 {
 	b.Helper()
-	c := newCountdown(dispatchRows)
+	c := pgbench.NewCountdown(dispatchRows)
 	d, err := processors.NewDispatcher(pool, processors.DispatcherConfig{
-		Subscriber:    postgres.SubscriberConfig{Table: t.name, ConsumerGroup: "bench"},
+		Subscriber:    postgres.SubscriberConfig{Table: t.Name, ConsumerGroup: "bench"},
 		Transactional: transactional,
 	}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	processors.Handle(d, "bench.event", func(context.Context, benchEvent, *message.Message) error {
-		c.hit()
+		c.Hit()
 		return nil
 	})
 	begin := time.Now()
 	rn := start(d)
-	end := c.wait(b, 5*time.Minute)
+	end := c.Wait(b, 5*time.Minute)
 	rn.stop(b)
-	return perSecond(dispatchRows, end.Sub(begin))
+	return pgbench.PerSecond(dispatchRows, end.Sub(begin))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/processors"
@@ -66,15 +67,15 @@ func BenchmarkInboxIngest(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		tr := &insertTracer{}
-		pool := newPool(b, 20, tr)
+		pool := pgbench.NewPool(b, 20, tr)
 		brokers := testenv.Kafka(b)
 		topic := testenv.KafkaTopic(b, brokers, ingestPartitions)
 		msgs := ingestSet()
 		publish(b, brokers, topic, msgs)
-		floorA := newTable(b, pool, postgres.KindInbox, "ingest_floor_a")
-		floorB := newTable(b, pool, postgres.KindInbox, "ingest_floor_b")
-		ingestT := newTable(b, pool, postgres.KindInbox, "ingest")
-		vacuum(b, pool, floorA, floorB, ingestT)
+		floorA := pgbench.NewTable(b, pool, postgres.KindInbox, "ingest_floor_a")
+		floorB := pgbench.NewTable(b, pool, postgres.KindInbox, "ingest_floor_b")
+		ingestT := pgbench.NewTable(b, pool, postgres.KindInbox, "ingest")
+		pgbench.Vacuum(b, pool, floorA, floorB, ingestT)
 		_ = tr.take()
 		b.StartTimer()
 
@@ -90,13 +91,13 @@ func BenchmarkInboxIngest(b *testing.B) {
 		floor := 2 / (1/before + 1/after)
 
 		want := ingestMessages - ingestMessages/ingestDupEvery
-		for _, t := range []table{floorA, floorB, ingestT} {
-			if n := count(b, pool, `SELECT count(*) FROM `+t.quoted); n != want {
-				b.Fatalf("%s holds %d rows, want %d", t.name, n, want)
+		for _, t := range []pgbench.Table{floorA, floorB, ingestT} {
+			if n := pgbench.Count(b, pool, `SELECT count(*) FROM `+t.Quoted); n != want {
+				b.Fatalf("%s holds %d rows, want %d", t.Name, n, want)
 			}
 		}
 		b.Logf("ingest: %d messages in %s (%.0f/s; %s); floor: %.0f/s before, %.0f/s after (%s); %s",
-			ingestMessages, elapsed.Round(time.Millisecond), ingest, ingestStmts, before, after, floorStmts, loadAvg())
+			ingestMessages, elapsed.Round(time.Millisecond), ingest, ingestStmts, before, after, floorStmts, pgbench.LoadAvg(1))
 		ingestSum += ingest
 		floorSum += floor
 	}
@@ -139,7 +140,7 @@ func publish(b *testing.B, brokers []string, topic string, msgs []*message.Messa
 }
 
 // floorIngest inserts msgs into t the raw way and returns messages per second.
-func floorIngest(b *testing.B, pool *pgxpool.Pool, t table, msgs []*message.Message) float64 {
+func floorIngest(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, msgs []*message.Message) float64 {
 	b.Helper()
 	const batch, writers = processors.DefaultIngestBatchSize, processors.DefaultIngestWriters
 	type args struct {
@@ -168,7 +169,7 @@ func floorIngest(b *testing.B, pool *pgxpool.Pool, t table, msgs []*message.Mess
 		batches = append(batches, a)
 	}
 	insert := `
-INSERT INTO ` + t.quoted + ` (message_id, consumer_group, event_id, topic, partition_key, event_type, payload, metadata, max_attempts)
+INSERT INTO ` + t.Quoted + ` (message_id, consumer_group, event_id, topic, partition_key, event_type, payload, metadata, max_attempts)
 SELECT u.message_id, $1, u.event_id, u.topic, u.partition_key, u.event_type, u.payload, u.metadata, u.max_attempts
 FROM unnest($2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::jsonb[], $9::int[])
      AS u(message_id, event_id, topic, partition_key, event_type, payload, metadata, max_attempts)
@@ -199,13 +200,13 @@ ON CONFLICT (message_id, consumer_group) DO NOTHING`
 	if b.Failed() {
 		b.FailNow()
 	}
-	return perSecond(len(msgs), elapsed)
+	return pgbench.PerSecond(len(msgs), elapsed)
 }
 
 // acking counts the broker acks of a subscriber's messages.
 type acking struct {
 	message.Subscriber
-	c *countdown
+	c *pgbench.Countdown
 }
 
 func (a acking) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -217,11 +218,11 @@ func (a acking) Subscribe(ctx context.Context, topic string) (<-chan *message.Me
 	go func() {
 		defer close(out)
 		for m := range in {
-			a.c.start()
+			a.c.Start()
 			go func() {
 				select {
 				case <-m.Acked():
-					a.c.hit()
+					a.c.Hit()
 				case <-m.Nacked():
 				case <-ctx.Done():
 				}
@@ -238,7 +239,7 @@ func (a acking) Subscribe(ctx context.Context, topic string) (<-chan *message.Me
 
 // runIngest consumes topic into t with an InboxIngest and returns messages
 // per second from the first delivery to the last ack.
-func runIngest(b *testing.B, pool *pgxpool.Pool, brokers []string, topic string, t table) (float64, time.Duration) {
+func runIngest(b *testing.B, pool *pgxpool.Pool, brokers []string, topic string, t pgbench.Table) (float64, time.Duration) {
 	b.Helper()
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: brokers, ConsumerGroup: "g_" + testenv.Name(b),
@@ -250,17 +251,17 @@ func runIngest(b *testing.B, pool *pgxpool.Pool, brokers []string, topic string,
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := newCountdown(ingestMessages)
+	c := pgbench.NewCountdown(ingestMessages)
 	g, err := processors.NewInboxIngest(pool, processors.InboxIngestConfig{
 		Subscriber: acking{Subscriber: sub, c: c}, Topic: topic, ConsumerGroup: "bench",
-		Inbox: postgres.InboxConfig{Table: t.name},
+		Inbox: postgres.InboxConfig{Table: t.Name},
 	}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	r := start(g)
-	end := c.wait(b, 5*time.Minute)
-	elapsed := end.Sub(*c.first.Load())
+	end := c.Wait(b, 5*time.Minute)
+	elapsed := end.Sub(c.First())
 	r.stop(b)
-	return perSecond(ingestMessages, elapsed), elapsed
+	return pgbench.PerSecond(ingestMessages, elapsed), elapsed
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
@@ -63,8 +64,8 @@ func BenchmarkFetch(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				tr := &tracer{}
-				pool := newPool(b, 8, tr)
-				t := newTable(b, pool, "fetch_"+shape)
+				pool := pgbench.NewPool(b, 8, tr)
+				t := pgbench.NewTable(b, pool, postgres.KindOutbox, "fetch_"+shape)
 				seed(b, pool, t, rows{n: fetchCompleted, keys: fetchKeys, prefix: "key-", status: "completed"})
 				if shape == "hotkey" {
 					seed(b, pool, t, rows{n: hotRows, keys: 1, prefix: hotKey})
@@ -73,10 +74,10 @@ func BenchmarkFetch(b *testing.B) {
 					seed(b, pool, t, rows{n: fetchPending, keys: fetchKeys, prefix: "key-"})
 				}
 				if _, err := pool.Exec(context.Background(),
-					`CREATE INDEX ON `+t.quoted+` (id) WHERE status = 'pending'`); err != nil {
+					`CREATE INDEX ON `+t.Quoted+` (id) WHERE status = 'pending'`); err != nil {
 					b.Fatalf("plain fetch index: %v", err)
 				}
-				settle(b, pool, t)
+				pgbench.Vacuum(b, pool, t)
 
 				stmts := []replay{
 					plainFetch(t),
@@ -93,7 +94,7 @@ func BenchmarkFetch(b *testing.B) {
 				}
 				b.Logf("%s: median of %d replays: plain %.2f ms (%d rows), plain+lease %.2f ms (%d rows), "+
 					"omnibus RunLength 1 %.2f ms (%d rows), RunLength 16 %.2f ms (%d rows); %s",
-					shape, fetchRounds, ms(med[0]), got[0], ms(med[1]), got[1], ms(med[2]), got[2], ms(med[3]), got[3], loadAvg())
+					shape, fetchRounds, ms(med[0]), got[0], ms(med[1]), got[1], ms(med[2]), got[2], ms(med[3]), got[3], pgbench.LoadAvg(3))
 			}
 			n := float64(b.N)
 			b.ReportMetric(ms(sums[2])/n, "omnibus-ms")
@@ -116,16 +117,16 @@ type replay struct {
 	lanes bool
 }
 
-func plainFetch(t table) replay {
-	return replay{name: "plain", sql: `SELECT ` + fetchColumns + ` FROM ` + t.quoted + `
+func plainFetch(t pgbench.Table) replay {
+	return replay{name: "plain", sql: `SELECT ` + fetchColumns + ` FROM ` + t.Quoted + `
 WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, args: []any{fetchBatch}}
 }
 
-func plainLeaseFetch(t table) replay {
+func plainLeaseFetch(t pgbench.Table) replay {
 	return replay{name: "plain+lease", sql: `WITH c AS (
-    SELECT id FROM ` + t.quoted + ` WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+    SELECT id FROM ` + t.Quoted + ` WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-UPDATE ` + t.quoted + ` t SET locked_by = $2, locked_until = now() + $3::interval
+UPDATE ` + t.Quoted + ` t SET locked_by = $2, locked_until = now() + $3::interval
 FROM c WHERE t.id = c.id
 RETURNING ` + prefixed("t.", fetchColumns), args: []any{fetchBatch, "bench-worker", postgres.DefaultLease}}
 }
@@ -144,13 +145,13 @@ func prefixed(p, cols string) string {
 // captureFetch runs a Subscriber with the given RunLength over t, subscribed
 // to a topic without rows so its fetch leases nothing, and returns its fetch
 // statement with the topic argument switched to every topic.
-func captureFetch(b *testing.B, pool *pgxpool.Pool, tr *tracer, t table, runLength int) replay {
+func captureFetch(b *testing.B, pool *pgxpool.Pool, tr *tracer, t pgbench.Table, runLength int) replay {
 	b.Helper()
 	tr.mu.Lock()
 	tr.sql, tr.args = "", nil
 	tr.mu.Unlock()
 	sub, err := postgres.NewSubscriber(pool, postgres.SubscriberConfig{
-		Table: t.name, BatchSize: fetchBatch, RunLength: runLength, SweepInterval: -1,
+		Table: t.Name, BatchSize: fetchBatch, RunLength: runLength, SweepInterval: -1,
 	}, nil)
 	if err != nil {
 		b.Fatalf("capture: new subscriber: %v", err)
@@ -297,33 +298,33 @@ func BenchmarkHotKeyThroughput(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		tr := &tracer{}
-		pool := newPool(b, 20, tr)
-		base := newTable(b, pool, "tput_nohot")
-		hot := newTable(b, pool, "tput_hot")
+		pool := pgbench.NewPool(b, 20, tr)
+		base := pgbench.NewTable(b, pool, postgres.KindOutbox, "tput_nohot")
+		hot := pgbench.NewTable(b, pool, postgres.KindOutbox, "tput_hot")
 		seed(b, pool, hot, rows{n: hotRows, keys: 1, prefix: hotKey})
-		for _, t := range []table{base, hot} {
+		for _, t := range []pgbench.Table{base, hot} {
 			seed(b, pool, t, rows{n: others, keys: throughputKeys, prefix: "key-"})
 		}
-		settle(b, pool, base, hot)
+		pgbench.Vacuum(b, pool, base, hot)
 		rate := map[string]float64{}
 		for _, run := range []struct {
 			name string
-			t    table
+			t    pgbench.Table
 		}{{"nohot", base}, {"hot", hot}} {
 			tr.reset()
-			s := newSink(others)
-			s.skipKey = hotKey + "0"
+			s := pgbench.NewSink(others)
+			s.SkipKey = hotKey + "0"
 			b.StartTimer()
 			start := time.Now()
 			r := startRelay(b, pool, run.t, postgres.SubscriberConfig{}, s)
-			elapsed := s.wait(b, throughputTimeout).Sub(start)
+			elapsed := s.Wait(b, throughputTimeout).Sub(start)
 			b.StopTimer()
-			hotDone := s.skipped.Load()
+			hotDone := s.Skipped()
 			r.stop(b)
 			n, _, med := tr.fetches()
-			rate[run.name] = perSecond(others, elapsed)
+			rate[run.name] = pgbench.PerSecond(others, elapsed)
 			b.Logf("%-5s: %d events of the other keys in %s (%.0f/s), %d of the hot key meanwhile; %d fetches, median %.1f ms; %s",
-				run.name, others, elapsed.Round(time.Millisecond), rate[run.name], hotDone, n, ms(med), loadAvg())
+				run.name, others, elapsed.Round(time.Millisecond), rate[run.name], hotDone, n, ms(med), pgbench.LoadAvg(3))
 			for _, l := range tr.top(2) {
 				b.Log("  " + l)
 			}

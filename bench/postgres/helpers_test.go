@@ -2,15 +2,11 @@ package postgresbench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,8 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -29,54 +24,6 @@ const benchTopic = "bench"
 
 // payloadBytes is the size of every seeded payload.
 const payloadBytes = 100
-
-// newPool opens a pool of its own for one benchmark and closes it at the end.
-// tracer (may be nil) sees every statement the pool runs.
-func newPool(b *testing.B, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
-	b.Helper()
-	return testenv.NewTracedPostgresPool(b, maxConns, tracer)
-}
-
-// table is one migrated outbox table (and its lanes table) of a benchmark.
-type table struct {
-	name   string // unquoted, as given to omnibus
-	quoted string
-	lanes  string // quoted lanes table
-}
-
-// newTable migrates a fresh outbox table named bench_<scenario>_<random> and
-// drops it, its lanes table and its functions when the benchmark ends.
-func newTable(b *testing.B, pool *pgxpool.Pool, scenario string) table {
-	b.Helper()
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	name := "bench_" + scenario + "_" + hex.EncodeToString(rnd[:])
-	ctx := context.Background()
-	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(name)); err != nil {
-		b.Fatalf("migrate %s: %v", name, err)
-	}
-	t := table{
-		name:   name,
-		quoted: pgx.Identifier{name}.Sanitize(),
-		lanes:  pgx.Identifier{name + "_lanes"}.Sanitize(),
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, err := pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s CASCADE`, t.quoted, t.lanes))
-		if err == nil {
-			_, err = pool.Exec(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS %s, %s CASCADE`,
-				pgx.Identifier{name + "_lane_fn"}.Sanitize(), pgx.Identifier{name + "_notify_fn"}.Sanitize()))
-		}
-		if err == nil {
-			_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1`, name)
-		}
-		if err != nil {
-			b.Logf("drop %s: %v", name, err)
-		}
-	})
-	return t
-}
 
 // rows describes one bulk insert: n rows of topic benchTopic whose keys are
 // prefix || (g % keys) for g in [0, n), so a key's rows are spread over the
@@ -90,93 +37,20 @@ type rows struct {
 
 // seed inserts r in one statement. The table's trigger upserts the lanes of
 // pending rows, exactly as it does for rows written by Outbox.Enqueue.
-func seed(b *testing.B, pool *pgxpool.Pool, t table, r rows) {
+func seed(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, r rows) {
 	b.Helper()
 	if r.status == "" {
 		r.status = "pending"
 	}
 	_, err := pool.Exec(context.Background(), `
-INSERT INTO `+t.quoted+` (event_id, topic, partition_key, payload, metadata, status, completed_at)
+INSERT INTO `+t.Quoted+` (event_id, topic, partition_key, payload, metadata, status, completed_at)
 SELECT gen_random_uuid(), $1, k.key, $2, jsonb_build_object('partition_key', k.key), $3,
        CASE WHEN $3 = 'completed' THEN now() END
 FROM generate_series(0, $4::int - 1) AS g
 CROSS JOIN LATERAL (SELECT $5::text || (g % $6::int)::text AS key) AS k`,
 		benchTopic, make([]byte, payloadBytes), r.status, r.n, r.prefix, r.keys)
 	if err != nil {
-		b.Fatalf("seed %d %s rows into %s: %v", r.n, r.status, t.name, err)
-	}
-}
-
-// settle vacuums and analyzes the tables so every run starts from the same,
-// planned-for state.
-func settle(b *testing.B, pool *pgxpool.Pool, ts ...table) {
-	b.Helper()
-	for _, t := range ts {
-		for _, tab := range []string{t.quoted, t.lanes} {
-			if _, err := pool.Exec(context.Background(), `VACUUM (ANALYZE) `+tab); err != nil {
-				b.Fatalf("vacuum %s: %v", tab, err)
-			}
-		}
-	}
-}
-
-func count(b *testing.B, pool *pgxpool.Pool, query string) int {
-	b.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), query).Scan(&n); err != nil {
-		b.Fatalf("%s: %v", query, err)
-	}
-	return n
-}
-
-// sink is an in-memory message.Publisher that counts what it is given and
-// signals when it has seen target messages (of the keys it counts).
-type sink struct {
-	target int64
-	// skipKey, when set, is a partition key whose messages are counted apart.
-	skipKey string
-	// onPublish, when set, sees every message (latency measurement).
-	onPublish func(*message.Message)
-
-	n       atomic.Int64
-	skipped atomic.Int64
-	once    sync.Once
-	done    chan struct{}
-	doneAt  atomic.Pointer[time.Time]
-}
-
-func newSink(target int) *sink { return &sink{target: int64(target), done: make(chan struct{})} }
-
-func (s *sink) Publish(_ string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		if s.onPublish != nil {
-			s.onPublish(m)
-		}
-		if s.skipKey != "" && bus.PartitionKey(m) == s.skipKey {
-			s.skipped.Add(1)
-			continue
-		}
-		if s.n.Add(1) == s.target {
-			now := time.Now()
-			s.doneAt.Store(&now)
-			s.once.Do(func() { close(s.done) })
-		}
-	}
-	return nil
-}
-
-func (s *sink) Close() error { return nil }
-
-// wait blocks until the sink reached its target, then returns when that
-// was; it fails the benchmark after timeout.
-func (s *sink) wait(b *testing.B, timeout time.Duration) time.Time {
-	b.Helper()
-	select {
-	case <-s.done:
-		return *s.doneAt.Load()
-	case <-time.After(timeout):
-		b.Fatalf("sink got %d of %d messages in %s", s.n.Load(), s.target, timeout)
-		return time.Time{}
+		b.Fatalf("seed %d %s rows into %s: %v", r.n, r.status, t.Name, err)
 	}
 }
 
@@ -187,9 +61,9 @@ type relay struct {
 }
 
 // startRelay builds and runs an OutboxRelay over t that publishes into pub.
-func startRelay(b *testing.B, pool *pgxpool.Pool, t table, cfg postgres.SubscriberConfig, pub message.Publisher) *relay {
+func startRelay(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, cfg postgres.SubscriberConfig, pub message.Publisher) *relay {
 	b.Helper()
-	cfg.Table = t.name
+	cfg.Table = t.Name
 	r, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{Publisher: pub, Subscriber: cfg}, nil)
 	if err != nil {
 		b.Fatalf("new relay: %v", err)
@@ -343,21 +217,4 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[max(0, min(i, len(s)-1))]
 }
 
-// loadAvg describes the machine's load averages, which bear on every figure
-// of a 2-core machine shared with other work.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "load average unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "load average unknown"
-	}
-	return "load average " + strings.Join(f[:3], " ")
-}
-
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// perSecond is n events over d, in events per second.
-func perSecond(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -48,10 +49,10 @@ func BenchmarkNotifyLatency(b *testing.B) {
 	var sums struct{ p50, p90, p99, max, commit, call50, call99, rate float64 }
 	for range b.N {
 		b.StopTimer()
-		relayPool := newPool(b, 10, nil)
-		writerPool := newPool(b, latencyWriters, nil)
-		t := newTable(b, relayPool, "latency")
-		ob, err := postgres.NewOutbox(postgres.OutboxConfig{Table: t.name})
+		relayPool := pgbench.NewPool(b, 10, nil)
+		writerPool := pgbench.NewPool(b, latencyWriters, nil)
+		t := pgbench.NewTable(b, relayPool, postgres.KindOutbox, "latency")
+		ob, err := postgres.NewOutbox(postgres.OutboxConfig{Table: t.Name})
 		if err != nil {
 			b.Fatalf("new outbox: %v", err)
 		}
@@ -69,8 +70,8 @@ func BenchmarkNotifyLatency(b *testing.B) {
 			return e
 		}
 		total := int(latencyDuration.Seconds()) * latencyRate
-		s := newSink(total + 1) // + the warm-up event
-		s.onPublish = func(m *message.Message) {
+		s := pgbench.NewSink(total + 1) // + the warm-up event
+		s.OnPublish = func(m *message.Message) {
 			now := time.Now()
 			mu.Lock()
 			get(m.UUID).delivered = now
@@ -107,7 +108,7 @@ func BenchmarkNotifyLatency(b *testing.B) {
 			b.Fatal(err)
 		}
 		deadline := time.After(10 * time.Second)
-		for s.n.Load() == 0 {
+		for s.Hits() == 0 {
 			select {
 			case <-deadline:
 				b.Fatalf("the relay did not deliver the warm-up event within 10s")
@@ -147,7 +148,7 @@ func BenchmarkNotifyLatency(b *testing.B) {
 		if b.Failed() {
 			b.FailNow()
 		}
-		s.wait(b, 30*time.Second)
+		s.Wait(b, 30*time.Second)
 		b.StopTimer()
 		r.stop(b)
 
@@ -175,11 +176,11 @@ func BenchmarkNotifyLatency(b *testing.B) {
 		sums.commit += p(commit, 50)
 		sums.call50 += p(call, 50)
 		sums.call99 += p(call, 99)
-		sums.rate += perSecond(total, writeTime)
+		sums.rate += pgbench.PerSecond(total, writeTime)
 		b.Logf("%d events written in %s (%.0f/s); commit to delivery: p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms",
-			total, writeTime.Round(time.Millisecond), perSecond(total, writeTime), p(lat, 50), p(lat, 90), p(lat, 99), p(lat, 100))
+			total, writeTime.Round(time.Millisecond), pgbench.PerSecond(total, writeTime), p(lat, 50), p(lat, 90), p(lat, 99), p(lat, 100))
 		b.Logf("from Commit called: p50 %.2f ms, p99 %.2f ms; the commit itself: p50 %.2f ms, p99 %.2f ms; %s",
-			p(call, 50), p(call, 99), p(commit, 50), p(commit, 99), loadAvg())
+			p(call, 50), p(call, 99), p(commit, 50), p(commit, 99), pgbench.LoadAvg(3))
 	}
 	n := float64(b.N)
 	b.ReportMetric(sums.p50/n, "p50-ms")

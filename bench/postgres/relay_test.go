@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
@@ -33,36 +34,36 @@ func BenchmarkRelayDrain(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		tr := &tracer{}
-		pool := newPool(b, 20, tr)
-		relayT := newTable(b, pool, "drain_relay")
-		floorT := newTable(b, pool, "drain_floor")
-		for _, t := range []table{relayT, floorT} {
+		pool := pgbench.NewPool(b, 20, tr)
+		relayT := pgbench.NewTable(b, pool, postgres.KindOutbox, "drain_relay")
+		floorT := pgbench.NewTable(b, pool, postgres.KindOutbox, "drain_floor")
+		for _, t := range []pgbench.Table{relayT, floorT} {
 			seed(b, pool, t, rows{n: drainRows, keys: drainKeys, prefix: "key-"})
 		}
 		// The index a plain SKIP LOCKED queue would have: pending rows in id order.
 		if _, err := pool.Exec(context.Background(),
-			`CREATE INDEX ON `+floorT.quoted+` (id) WHERE status = 'pending'`); err != nil {
+			`CREATE INDEX ON `+floorT.Quoted+` (id) WHERE status = 'pending'`); err != nil {
 			b.Fatalf("floor index: %v", err)
 		}
-		settle(b, pool, relayT, floorT)
+		pgbench.Vacuum(b, pool, relayT, floorT)
 		b.StartTimer()
 
 		floor := floorDrain(b, pool, floorT, drainBatch)
 
 		tr.reset()
-		s := newSink(drainRows)
+		s := pgbench.NewSink(drainRows)
 		start := time.Now()
 		r := startRelay(b, pool, relayT, postgres.SubscriberConfig{}, s)
-		elapsed := s.wait(b, 5*time.Minute).Sub(start)
+		elapsed := s.Wait(b, 5*time.Minute).Sub(start)
 		b.StopTimer()
 		r.stop(b)
-		if n := count(b, pool, `SELECT count(*) FROM `+relayT.quoted+` WHERE status <> 'completed'`); n != 0 {
+		if n := pgbench.Count(b, pool, `SELECT count(*) FROM `+relayT.Quoted+` WHERE status <> 'completed'`); n != 0 {
 			b.Fatalf("relay left %d rows not completed after delivering %d", n, drainRows)
 		}
-		relay := perSecond(drainRows, elapsed)
+		relay := pgbench.PerSecond(drainRows, elapsed)
 		n, _, med := tr.fetches()
 		b.Logf("relay: %d events in %s (%.0f/s), %d fetches (median %.1f ms); floor: %.0f/s; %s",
-			drainRows, elapsed.Round(time.Millisecond), relay, n, ms(med), floor, loadAvg())
+			drainRows, elapsed.Round(time.Millisecond), relay, n, ms(med), floor, pgbench.LoadAvg(3))
 		b.Logf("relay statements by wall time (the relay runs them on several connections at once):")
 		for _, l := range tr.top(4) {
 			b.Log("  " + l)
@@ -77,7 +78,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 
 // floorDrain is the raw-SQL floor: the least a relay must do per batch.
 // It returns events per second.
-func floorDrain(b *testing.B, pool *pgxpool.Pool, t table, batch int) float64 {
+func floorDrain(b *testing.B, pool *pgxpool.Pool, t pgbench.Table, batch int) float64 {
 	b.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -85,10 +86,10 @@ func floorDrain(b *testing.B, pool *pgxpool.Pool, t table, batch int) float64 {
 		b.Fatalf("floor: acquire: %v", err)
 	}
 	defer conn.Release()
-	pub := newSink(drainRows)
-	lock := `SELECT id, event_id::text, topic, payload, metadata FROM ` + t.quoted + `
+	pub := pgbench.NewSink(drainRows)
+	lock := `SELECT id, event_id::text, topic, payload, metadata FROM ` + t.Quoted + `
 WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
-	done := `UPDATE ` + t.quoted + ` SET status = 'completed', completed_at = now() WHERE id = ANY($1)`
+	done := `UPDATE ` + t.Quoted + ` SET status = 'completed', completed_at = now() WHERE id = ANY($1)`
 	start := time.Now()
 	total := 0
 	for {
@@ -140,7 +141,7 @@ WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	if total != drainRows {
 		b.Fatalf("floor drained %d rows, want %d", total, drainRows)
 	}
-	return perSecond(total, elapsed)
+	return pgbench.PerSecond(total, elapsed)
 }
 
 // Sizes of BenchmarkRunLength.
@@ -160,26 +161,26 @@ func BenchmarkRunLength(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		tr := &tracer{}
-		pool := newPool(b, 20, tr)
-		tabs := map[int]table{}
+		pool := pgbench.NewPool(b, 20, tr)
+		tabs := map[int]pgbench.Table{}
 		for _, rl := range lengths {
-			t := newTable(b, pool, fmt.Sprintf("runs_%d", rl))
+			t := pgbench.NewTable(b, pool, postgres.KindOutbox, fmt.Sprintf("runs_%d", rl))
 			seed(b, pool, t, rows{n: runEvents, keys: 1, prefix: "aggregate-"})
-			settle(b, pool, t)
+			pgbench.Vacuum(b, pool, t)
 			tabs[rl] = t
 		}
 		for _, rl := range lengths {
 			tr.reset()
-			s := newSink(runEvents)
+			s := pgbench.NewSink(runEvents)
 			b.StartTimer()
 			start := time.Now()
 			r := startRelay(b, pool, tabs[rl], postgres.SubscriberConfig{RunLength: rl}, s)
-			elapsed := s.wait(b, 2*time.Minute).Sub(start)
+			elapsed := s.Wait(b, 2*time.Minute).Sub(start)
 			b.StopTimer()
 			r.stop(b)
 			n, nonEmpty, med := tr.fetches()
 			b.Logf("RunLength %2d: %d events in %s, %d fetches (%d returned rows), median fetch %.2f ms; %s",
-				rl, runEvents, elapsed.Round(time.Millisecond), n, nonEmpty, ms(med), loadAvg())
+				rl, runEvents, elapsed.Round(time.Millisecond), n, nonEmpty, ms(med), pgbench.LoadAvg(3))
 			times[rl] += elapsed
 			fetches[rl] += nonEmpty
 		}

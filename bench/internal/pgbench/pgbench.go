@@ -1,0 +1,107 @@
+// Package pgbench holds the helpers that the PostgreSQL benchmarks of omnibus
+// (bench/postgres and bench/inbox) share: a pool per benchmark, fresh tables
+// that are dropped when the benchmark ends, VACUUM (ANALYZE) before a run,
+// counting queries, rates, the machine's load average for the log, and an
+// in-memory publisher that counts down to a target.
+//
+// It is a helper package for benchmarks only: its functions take a
+// *testing.B and fail the benchmark on any error.
+package pgbench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/postgres"
+)
+
+// NewPool opens a pool of its own for one benchmark and closes it at the end.
+// tracer (may be nil) sees every statement the pool runs.
+func NewPool(b *testing.B, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	b.Helper()
+	return testenv.NewTracedPostgresPool(b, maxConns, tracer)
+}
+
+// Table is one migrated outbox or inbox table of a benchmark, with its lanes
+// table.
+type Table struct {
+	// Name is the table's name unquoted, as given to omnibus.
+	Name string
+	// Quoted is the table's name quoted for use in SQL.
+	Quoted string
+	// Lanes is the name of the table's lanes table, quoted for use in SQL.
+	Lanes string
+}
+
+// NewTable migrates a fresh table of kind named bench_<scenario>_<random> and
+// drops it, its lanes table, its two functions and its row in
+// omnibus_schema_migrations when the benchmark ends.
+func NewTable(b *testing.B, pool *pgxpool.Pool, kind postgres.Kind, scenario string) Table {
+	b.Helper()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	name := "bench_" + scenario + "_" + hex.EncodeToString(rnd[:])
+	spec := postgres.OutboxTable(name)
+	if kind == postgres.KindInbox {
+		spec = postgres.InboxTable(name)
+	}
+	if err := postgres.Migrate(context.Background(), pool, spec); err != nil {
+		b.Fatalf("migrate %s: %v", name, err)
+	}
+	t := Table{
+		Name:   name,
+		Quoted: pgx.Identifier{name}.Sanitize(),
+		Lanes:  pgx.Identifier{name + "_lanes"}.Sanitize(),
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s CASCADE`, t.Quoted, t.Lanes))
+		if err == nil {
+			_, err = pool.Exec(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS %s, %s CASCADE`,
+				pgx.Identifier{name + "_lane_fn"}.Sanitize(), pgx.Identifier{name + "_notify_fn"}.Sanitize()))
+		}
+		if err == nil {
+			_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1`, name)
+		}
+		if err != nil {
+			b.Logf("drop %s: %v", name, err)
+		}
+	})
+	return t
+}
+
+// Vacuum runs VACUUM (ANALYZE) on each table and its lanes table, so every
+// run starts from the same, planned-for state.
+func Vacuum(b *testing.B, pool *pgxpool.Pool, ts ...Table) {
+	b.Helper()
+	for _, t := range ts {
+		for _, tab := range []string{t.Quoted, t.Lanes} {
+			if _, err := pool.Exec(context.Background(), `VACUUM (ANALYZE) `+tab); err != nil {
+				b.Fatalf("vacuum %s: %v", tab, err)
+			}
+		}
+	}
+}
+
+// Count runs query, which must return one integer (such as a count(*)), and
+// returns that integer.
+func Count(b *testing.B, pool *pgxpool.Pool, query string) int {
+	b.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), query).Scan(&n); err != nil {
+		b.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// PerSecond is n events over d, in events per second.
+func PerSecond(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
