@@ -2,16 +2,15 @@ package kafkabench
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -38,15 +37,15 @@ func BenchmarkRelayToKafka(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		topic := testenv.KafkaTopic(b, brokers, partitions)
-		toKafka := newOutboxTable(b, pool, "kafka")
-		toSink := newOutboxTable(b, pool, "sink")
-		for _, t := range []string{toKafka, toSink} {
+		toKafka := pgbench.NewTable(b, pool, postgres.KindOutbox, "relay_kafka")
+		toSink := pgbench.NewTable(b, pool, postgres.KindOutbox, "relay_sink")
+		for _, t := range []pgbench.Table{toKafka, toSink} {
 			seedOutbox(b, pool, t, topic)
 		}
 		pub := newOurPublisher(b, brokers)
 		runs := []struct {
 			sum   *float64
-			table string
+			table pgbench.Table
 			pub   message.Publisher
 		}{
 			{&kafkaSum, toKafka, nil},
@@ -62,7 +61,7 @@ func BenchmarkRelayToKafka(b *testing.B) {
 			}
 			b.StartTimer()
 			start := time.Now()
-			stop := runRelay(b, pool, r.table, c)
+			stop := runRelay(b, pool, r.table.Name, c)
 			select {
 			case <-c.done:
 			case <-time.After(10 * time.Minute):
@@ -107,43 +106,21 @@ func (c *counting) Publish(topic string, msgs ...*message.Message) error {
 
 func (c *counting) Close() error { return nil }
 
-func newOutboxTable(b *testing.B, pool *pgxpool.Pool, what string) string {
-	b.Helper()
-	name := testenv.Name(b) + "_" + what
-	ctx := context.Background()
-	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(name)); err != nil {
-		b.Fatalf("migrate %s: %v", name, err)
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s CASCADE`,
-			pgx.Identifier{name}.Sanitize(), pgx.Identifier{name + "_lanes"}.Sanitize()))
-		_, _ = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1`, name)
-	})
-	return name
-}
-
 // seedOutbox inserts relayRows pending rows over relayKeys keys for topic,
 // then vacuums and analyzes the tables.
-func seedOutbox(b *testing.B, pool *pgxpool.Pool, table, topic string) {
+func seedOutbox(b *testing.B, pool *pgxpool.Pool, table pgbench.Table, topic string) {
 	b.Helper()
 	ctx := context.Background()
-	quoted := pgx.Identifier{table}.Sanitize()
 	_, err := pool.Exec(ctx, `
-INSERT INTO `+quoted+` (event_id, topic, partition_key, payload, metadata)
+INSERT INTO `+table.Quoted+` (event_id, topic, partition_key, payload, metadata)
 SELECT gen_random_uuid(), $1, k.key, $2, jsonb_build_object('partition_key', k.key)
 FROM generate_series(0, $3::int - 1) AS g
 CROSS JOIN LATERAL (SELECT 'key-' || (g % $4::int)::text AS key) AS k`,
 		topic, make([]byte, payloadBytes), relayRows, relayKeys)
 	if err != nil {
-		b.Fatalf("seed %s: %v", table, err)
+		b.Fatalf("seed %s: %v", table.Name, err)
 	}
-	for _, t := range []string{quoted, pgx.Identifier{table + "_lanes"}.Sanitize()} {
-		if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+t); err != nil {
-			b.Fatalf("vacuum %s: %v", t, err)
-		}
-	}
+	pgbench.Vacuum(b, pool, table)
 }
 
 // runRelay starts an OutboxRelay over table publishing to pub and returns
