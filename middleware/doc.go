@@ -1,7 +1,8 @@
 // Package middleware holds omnibus's Watermill handler middleware: Retry
 // (durable, equal-jitter backoff decided from each message's bus.Delivery),
-// Timeout, CircuitBreaker, Metrics (Prometheus, on a registry you pass) and
-// Tracing (OpenTelemetry spans continuing the W3C trace context in the
+// Timeout, CircuitBreaker, DeadLetter (messages given up on go to a topic
+// instead of staying failed), Metrics (Prometheus, on a registry you pass)
+// and Tracing (OpenTelemetry spans continuing the W3C trace context in the
 // message metadata). Each is a message.HandlerMiddleware and composes with
 // Watermill's own. Metrics and Tracing go outside Retry, so they see its
 // decision.

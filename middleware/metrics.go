@@ -25,7 +25,8 @@ const (
 	// spent) and kept as failed by its store (a postgres row), or dropped.
 	ResultFailed = "failed"
 	// ResultDeadLettered: given up on and moved to a dead-letter topic or
-	// stream (bus.Delivery.DeadLetter).
+	// stream (bus.Delivery.DeadLetter, or a DeadLetter middleware inside
+	// Metrics).
 	ResultDeadLettered = "dead_lettered"
 )
 
@@ -172,6 +173,9 @@ func topicOf(msg *message.Message) string {
 // resultOf classifies the outcome of one handler call.
 func resultOf(msg *message.Message, err error) string {
 	if err == nil {
+		if wasDeadLettered(msg) {
+			return ResultDeadLettered
+		}
 		return ResultOK
 	}
 	d, durable := bus.DeliveryOf(msg)

@@ -110,6 +110,11 @@ type DispatcherConfig struct {
 	Breaker middleware.CircuitBreakerConfig
 	// HandlerName names the router handler. Default DefaultDispatcherHandlerName.
 	HandlerName string
+	// DeadLetter, when set, publishes the messages given up on (a permanent
+	// failure, or the attempts spent) to its topic and completes their
+	// rows, instead of leaving them failed in the inbox. Nil: they stay
+	// failed (omnibus inbox failed / requeue).
+	DeadLetter *middleware.DeadLetter
 }
 
 // Dispatcher handles the messages stored in an inbox by one consumer group:
@@ -302,14 +307,19 @@ func (d *Dispatcher) HandleMessage(msg *message.Message) error {
 	return nil
 }
 
-// Middleware returns the dispatcher's chain, outermost first.
+// Middleware returns the dispatcher's chain, outermost first: DeadLetter
+// when configured, then Retry, Recoverer, Timeout, CircuitBreaker.
 func (d *Dispatcher) Middleware() []message.HandlerMiddleware {
-	return []message.HandlerMiddleware{
+	var chain []message.HandlerMiddleware
+	if d.cfg.DeadLetter != nil {
+		chain = append(chain, d.cfg.DeadLetter.Middleware)
+	}
+	return append(chain,
 		d.retry.Middleware,
 		wmw.Recoverer,
 		middleware.Timeout(d.cfg.Timeout),
 		d.breaker.Middleware,
-	}
+	)
 }
 
 // AddTo registers the dispatcher on router. The router runs it; closing the

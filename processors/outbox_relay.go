@@ -46,6 +46,11 @@ type OutboxRelayConfig struct {
 	// into the published message. Nil: off (the row's own trace context, if
 	// any, is still passed on).
 	Tracing *middleware.Tracing
+	// DeadLetter, when set, publishes the rows given up on (a permanent
+	// failure, or the attempts spent) to its topic and completes them,
+	// instead of leaving them failed in the table. Nil: they stay failed
+	// (omnibus outbox failed / requeue).
+	DeadLetter *middleware.DeadLetter
 }
 
 // OutboxRelay is a Watermill handler that moves outbox rows to a publisher:
@@ -131,8 +136,9 @@ func (r *OutboxRelay) Handle(msg *message.Message) error {
 	return nil
 }
 
-// Middleware returns the relay's chain, outermost first: Tracing and
-// Metrics when configured, then Retry, Recoverer, Timeout, CircuitBreaker.
+// Middleware returns the relay's chain, outermost first: Tracing, Metrics
+// and DeadLetter when configured, then Retry, Recoverer, Timeout,
+// CircuitBreaker.
 func (r *OutboxRelay) Middleware() []message.HandlerMiddleware {
 	var chain []message.HandlerMiddleware
 	if r.cfg.Tracing != nil {
@@ -140,6 +146,9 @@ func (r *OutboxRelay) Middleware() []message.HandlerMiddleware {
 	}
 	if r.cfg.Metrics != nil {
 		chain = append(chain, r.cfg.Metrics.Middleware)
+	}
+	if r.cfg.DeadLetter != nil {
+		chain = append(chain, r.cfg.DeadLetter.Middleware)
 	}
 	return append(chain,
 		r.retry.Middleware,

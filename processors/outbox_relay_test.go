@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -325,3 +326,106 @@ func TestOutboxRelay_ShutdownLetsInFlightPublishFinish(t *testing.T) {
 		`SELECT status FROM `+pgx.Identifier{ob.Table()}.Sanitize()).Scan(&status))
 	assert.Equal(t, "completed", status, "the in-flight publish finished and its row was completed during shutdown")
 }
+
+func TestOutboxRelay_DeadLetterTakesRowsGivenUpOnAndCompletesThem(t *testing.T) {
+	t.Parallel()
+	pool, ob := newTable(t)
+	ctx := context.Background()
+	tgt := newTarget(func(payload string, _ int) error {
+		if payload == "poison" {
+			return bus.Permanent(errors.New("the broker rejects this record"))
+		}
+		return nil
+	})
+	dlq := newTarget(nil)
+	down := true
+	var downMu sync.Mutex
+	dlqPub := publisherFunc(func(topic string, msgs ...*message.Message) error {
+		downMu.Lock()
+		defer downMu.Unlock()
+		if down {
+			return errors.New("dead-letter topic unavailable")
+		}
+		return dlq.Publish(topic, msgs...)
+	})
+	dl, err := middleware.NewDeadLetter(middleware.DeadLetterConfig{Publisher: dlqPub, Topic: "orders.dlq", RetryDelay: 50 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	metrics, err := middleware.NewMetrics(reg, middleware.MetricsConfig{})
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, pool, "orders", keyed("k", "poison"), keyed("k", "after")))
+	startRelay(t, pool, processors.OutboxRelayConfig{
+		Publisher:   tgt,
+		Subscriber:  postgres.SubscriberConfig{Table: ob.Table(), PollInterval: 20 * time.Millisecond},
+		DeadLetter:  dl,
+		Metrics:     metrics,
+		HandlerName: "relay",
+	})
+	table := pgx.Identifier{ob.Table()}.Sanitize()
+	rowOf := func(payload string) (status string, attempts int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT status, attempts FROM `+table+` WHERE payload = $1`, []byte(payload)).Scan(&status, &attempts))
+		return status, attempts
+	}
+
+	// While the dead-letter topic is down the poison row is kept, with no
+	// attempt spent, and holds its key back.
+	waitFor(t, "the poison row tried a few times", 10*time.Second, func() bool {
+		attempts, _ := tgt.snapshot()
+		return len(attempts) >= 3
+	})
+	status, attempts := rowOf("poison")
+	assert.Equal(t, "pending", status)
+	assert.Zero(t, attempts, "no attempt spent while the dead letter cannot be published")
+	_, delivered := tgt.snapshot()
+	assert.Empty(t, delivered, "the row behind the poison one waits")
+
+	downMu.Lock()
+	down = false
+	downMu.Unlock()
+	waitFor(t, "the row behind it delivered", 10*time.Second, func() bool {
+		_, d := tgt.snapshot()
+		return len(d) == 1
+	})
+	_, letters := dlq.snapshot()
+	require.Len(t, letters, 1)
+	assert.Equal(t, "poison", string(letters[0].Payload))
+	assert.Equal(t, "permanent", letters[0].Metadata.Get(middleware.MetaDeadLetterClass))
+	assert.Equal(t, "relay", letters[0].Metadata.Get(middleware.MetaDeadLetterHandler))
+	assert.Contains(t, letters[0].Metadata.Get(middleware.MetaDeadLetterError), "the broker rejects this record")
+	waitFor(t, "the poison row completed", 10*time.Second, func() bool {
+		status, _ := rowOf("poison")
+		return status == "completed"
+	})
+	assert.Equal(t, 1.0, handledCount(t, reg, "relay", middleware.ResultDeadLettered), "counted as dead-lettered")
+}
+
+// handledCount reads omnibus_handler_messages_total for handler and result.
+func handledCount(t *testing.T, reg prometheus.Gatherer, handler, result string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != "omnibus_handler_messages_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["handler"] == handler && labels["result"] == result {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// publisherFunc adapts a function to message.Publisher.
+type publisherFunc func(topic string, msgs ...*message.Message) error
+
+func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
+	return f(topic, msgs...)
+}
+func (f publisherFunc) Close() error { return nil }
