@@ -61,6 +61,10 @@ const (
 	DefaultLogLevel           = "info"
 	DefaultLogFormat          = "text"
 	DefaultMetricsAddr        = ":9464"
+	DefaultTraces             = TracesOff
+	// TracesOff and TracesOTLP are the values of observability.traces.
+	TracesOff  = "off"
+	TracesOTLP = "otlp"
 	// MetricsOff as observability.metrics_addr turns the metrics endpoint off.
 	MetricsOff = "-"
 )
@@ -302,7 +306,7 @@ type RelayConfig struct {
 	CloseTimeout time.Duration `yaml:"close_timeout"`
 }
 
-// ObservabilityConfig configures logs and metrics.
+// ObservabilityConfig configures logs, metrics and trace export.
 type ObservabilityConfig struct {
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `yaml:"log_level"`
@@ -312,6 +316,16 @@ type ObservabilityConfig struct {
 	// /metrics and /healthz, host:port; "-" turns the endpoint off. Default
 	// DefaultMetricsAddr.
 	MetricsAddr string `yaml:"metrics_addr"`
+	// Traces is off or otlp: with otlp, `omnibus relay` and `omnibus
+	// ingest` create OpenTelemetry spans (middleware.Tracing) and export
+	// them over OTLP/HTTP. Default off (the trace context the events carry
+	// is passed on either way).
+	Traces string `yaml:"traces"`
+	// OTLPEndpoint is the OTLP/HTTP traces URL, such as
+	// http://collector:4318/v1/traces. Default: the standard
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
+	// variables, else http://localhost:4318/v1/traces.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
 }
 
 // LoadConfig reads the YAML file at path (none when path is ""), then applies
@@ -548,6 +562,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.Observability.LogLevel, DefaultLogLevel)
 	setDefault(&c.Observability.LogFormat, DefaultLogFormat)
 	setDefault(&c.Observability.MetricsAddr, DefaultMetricsAddr)
+	setDefault(&c.Observability.Traces, DefaultTraces)
 	return c
 }
 
@@ -712,6 +727,12 @@ func (c Config) Validate() error {
 	oneOf("observability.log_format", c.Observability.LogFormat, "text", "json")
 	if c.Observability.MetricsAddr != MetricsOff {
 		hostPort("observability.metrics_addr", c.Observability.MetricsAddr)
+	}
+	oneOf("observability.traces", c.Observability.Traces, TracesOff, TracesOTLP)
+	if e := c.Observability.OTLPEndpoint; e != "" {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("observability.otlp_endpoint", "%q is not an http(s) URL such as http://collector:4318/v1/traces", e)
+		}
 	}
 	return errors.Join(errs...)
 }

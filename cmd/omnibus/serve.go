@@ -17,6 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
@@ -40,6 +44,7 @@ publishes finish (relay.close_timeout) and releases the rows it had fetched.`,
 				rc := b.RelayConfig()
 				rc.Publisher = m.mw.Publisher(b.BrokerName(), rc.Publisher)
 				rc.Metrics = m.mw
+				rc.Tracing = m.tracing // nil: off
 				rc.Subscriber.Observer = m.pg
 				relay, err := processors.NewOutboxRelay(b.Pool(), rc, logger)
 				if err != nil {
@@ -79,7 +84,10 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 				if len(list) == 0 {
 					return nil, &bus.ConfigError{Field: "inbox.topics", Reason: "required by ingest: the broker topics to store into the inbox (or --topic)"}
 				}
-				// Router-level, so that it runs outside each handler's Retry.
+				// Router-level, so that they run outside each handler's Retry.
+				if m.tracing != nil {
+					router.AddMiddleware(m.tracing.Middleware)
+				}
 				router.AddMiddleware(m.mw.Middleware)
 				var closers []func() error
 				for _, topic := range list {
@@ -141,6 +149,19 @@ func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *
 	if err != nil {
 		return err
 	}
+	tracing, shutdownTracing, err := startTracing(ctx, cfg, "omnibus-"+name)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Export what the last spans recorded before the process ends.
+		shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(shutCtx); err != nil {
+			logger.Warn("flushing traces", "error", err)
+		}
+	}()
+	m.tracing = tracing
 	after, err := setup(b, router, m, logger)
 	if err != nil {
 		return err
@@ -204,10 +225,13 @@ func (a *app) startMetrics(cfg bus.Config, m *metrics, router *message.Router, p
 // metrics is the command's own Prometheus registry with omnibus's
 // instruments on it (docs/observability.md): handler, publisher and breaker
 // metrics, the subscribers' statements, and the table's backlog.
+//
+// tracing is nil unless observability.traces is otlp.
 type metrics struct {
-	reg *prometheus.Registry
-	mw  *middleware.Metrics
-	pg  *postgres.Metrics
+	reg     *prometheus.Registry
+	mw      *middleware.Metrics
+	pg      *postgres.Metrics
+	tracing *middleware.Tracing
 }
 
 func newMetrics() (*metrics, error) {
@@ -229,4 +253,33 @@ func newMetrics() (*metrics, error) {
 func (m *metrics) table(adm *postgres.Admin) error {
 	_, err := postgres.NewStatsCollector(adm, m.reg, 0)
 	return err
+}
+
+// startTracing sets up span export when observability.traces is otlp and
+// returns the Tracing middleware (nil when traces are off) and a shutdown
+// that flushes what is buffered. Spans go over OTLP/HTTP to
+// observability.otlp_endpoint, else to the endpoint of the standard OTEL_*
+// variables; the service name is service unless OTEL_SERVICE_NAME (or
+// OTEL_RESOURCE_ATTRIBUTES) says otherwise.
+func startTracing(ctx context.Context, cfg bus.Config, service string) (*middleware.Tracing, func(context.Context) error, error) {
+	if cfg.Observability.Traces != bus.TracesOTLP {
+		return nil, func(context.Context) error { return nil }, nil
+	}
+	var opts []otlptracehttp.Option
+	if e := cfg.Observability.OTLPEndpoint; e != "" {
+		opts = append(opts, otlptracehttp.WithEndpointURL(e))
+	}
+	exporter, err := otlptracehttp.New(ctx, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trace exporter (observability.otlp_endpoint): %w", err)
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(attribute.String("service.name", service)),
+		resource.WithFromEnv(), // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
+	)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trace resource: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
+	return middleware.NewTracing(middleware.TracingConfig{TracerProvider: tp}), tp.Shutdown, nil
 }
