@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
@@ -125,4 +128,36 @@ func TestConfig_TracesAndEndpointAreValidated(t *testing.T) {
 		assert.Equal(t, exitUsage, r.code, r.stderr)
 		assert.Contains(t, r.stderr, tc.want)
 	}
+}
+
+func TestIngest_ExportsItsSpansOverOTLP(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	col, endpoint := newCollector(t)
+	brokers := testenv.Kafka(t)
+	topic := testenv.KafkaTopic(t, brokers, 2)
+	path, _, inbox := tablesConfig(t, fmt.Sprintf("broker: kafka\nkafka:\n  brokers: [%s]\n", strings.Join(brokers, ", ")))
+	cfg := strings.Replace(readFile(t, path), "  table: "+inbox+"\n",
+		fmt.Sprintf("  table: %s\n  consumer_group: %s\n  topics: [%s]\n", inbox, testenv.Name(t), topic), 1)
+	cfg = strings.Replace(cfg, "  log_level: warn\n", "  log_level: warn\n  traces: otlp\n  otlp_endpoint: "+endpoint+"\n", 1)
+	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+	ok(t, cli(t, ctx, "--config", path, "migrate"))
+
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	msg := message.NewMessage("00000000-0000-4000-8000-000000000001", []byte("{}"))
+	const traceID = "0af7651916cd43dd8448eb211c80319c"
+	msg.Metadata.Set(bus.KeyTraceparent, "00-"+traceID+"-b7ad6b7169203331-01")
+	require.NoError(t, pub.Publish(topic, msg))
+
+	_, stop := runServing(t, "--config", path, "ingest")
+	waitUntil(t, "message stored", func() bool { return count(t, `SELECT count(*) FROM `+inbox) == 1 })
+	ok(t, stop())
+
+	span, services := col.span("process " + topic)
+	require.NotNil(t, span, "the ingest's consumer span reached the collector")
+	assert.Equal(t, tracepb.Span_SPAN_KIND_CONSUMER, span.GetKind())
+	assert.Equal(t, traceID, fmt.Sprintf("%x", span.GetTraceId()), "it continues the producer's trace")
+	assert.Contains(t, services, "omnibus-ingest")
 }
