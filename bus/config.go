@@ -325,7 +325,7 @@ type ObservabilityConfig struct {
 	// http://collector:4318/v1/traces. Default: the standard
 	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
 	// variables, else http://localhost:4318/v1/traces.
-	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	OTLPEndpoint string `yaml:"otlp_endpoint" secret:"dsn"`
 }
 
 // LoadConfig reads the YAML file at path (none when path is ""), then applies

@@ -231,9 +231,10 @@ func TestEnvName(t *testing.T) {
 func TestConfig_SecretsAreRedactedWheneverPrinted(t *testing.T) {
 	t.Parallel()
 	c := Config{
-		Postgres: PostgresConfig{URL: "postgres://app:pg-secret@db:5432/app?sslmode=require"},
-		Kafka:    KafkaConfig{SASL: KafkaSASLConfig{Mechanism: "PLAIN", User: "kuser", Password: "kafka-secret"}},
-		Redis:    RedisConfig{Password: "redis-secret"},
+		Postgres:      PostgresConfig{URL: "postgres://app:pg-secret@db:5432/app?sslmode=require"},
+		Kafka:         KafkaConfig{SASL: KafkaSASLConfig{Mechanism: "PLAIN", User: "kuser", Password: "kafka-secret"}},
+		Redis:         RedisConfig{Password: "redis-secret"},
+		Observability: ObservabilityConfig{OTLPEndpoint: "https://tenant:otlp-secret@collector:4318/v1/traces"},
 	}
 	var logged strings.Builder
 	slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", c)
@@ -248,7 +249,7 @@ func TestConfig_SecretsAreRedactedWheneverPrinted(t *testing.T) {
 		"slog":   logged.String(),
 		"json":   jsonLogged.String(),
 	} {
-		for _, secret := range []string{"pg-secret", "kafka-secret", "redis-secret"} {
+		for _, secret := range []string{"pg-secret", "kafka-secret", "redis-secret", "otlp-secret"} {
 			assert.NotContains(t, out, secret, "%s output shows a secret", name)
 		}
 		assert.Contains(t, out, Redacted, name)
