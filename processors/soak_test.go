@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -36,6 +38,47 @@ func soakDuration(t *testing.T) time.Duration {
 	d, err := time.ParseDuration(s)
 	require.NoError(t, err, "OMNIBUS_SOAK_DURATION")
 	return d
+}
+
+// namedPool opens a pool whose connections carry name as their
+// application_name, so crashWhile can kill them.
+func namedPool(t *testing.T, name string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL())
+	require.NoError(t, err)
+	cfg.MaxConns = 6
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	return pool
+}
+
+// crashWhile simulates a crash of the processor whose connections are
+// named name: it kills them every 20 ms, from 300 ms before stopping the
+// processor (cancel) until the processor's Run has returned (done), so the
+// processor can neither settle nor commit what it was doing. It returns
+// what Run returned.
+func crashWhile(admin *pgxpool.Pool, name string, cancel context.CancelFunc, done <-chan error) error {
+	killing := make(chan struct{})
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for {
+			_, _ = admin.Exec(context.Background(),
+				`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, name)
+			select {
+			case <-killing:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	err := <-done
+	close(killing)
+	<-killed
+	return err
 }
 
 // soakRelay is one relay of the soak with a pool of its own, named so its
@@ -87,12 +130,7 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 	start := func(shape int) *soakRelay {
 		n := started.Add(1)
 		name := fmt.Sprintf("soak-%s-%d", ob.Table()[len(ob.Table())-6:], n)
-		cfg, err := pgxpool.ParseConfig(testenv.PostgresURL())
-		require.NoError(t, err)
-		cfg.MaxConns = 6
-		cfg.ConnConfig.RuntimeParams["application_name"] = name
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
+		pool := namedPool(t, name)
 		s := shapes[shape%len(shapes)]
 		relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
 			Publisher: tgt,
@@ -118,24 +156,7 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 	// crash kills the relay's connections while it runs and until it has
 	// given up settling at shutdown.
 	crash := func(r *soakRelay) {
-		killing := make(chan struct{})
-		killed := make(chan struct{})
-		go func() {
-			defer close(killed)
-			for {
-				_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, r.name)
-				select {
-				case <-killing:
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-		}()
-		time.Sleep(300 * time.Millisecond)
-		r.cancel()
-		err := <-r.done
-		close(killing)
-		<-killed
+		err := crashWhile(admin, r.name, r.cancel, r.done)
 		t.Logf("crashed %s (Run returned %v)", r.name, err)
 		r.pool.Close()
 	}
@@ -235,4 +256,183 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 	}
 	t.Logf("%s: %d events over %d keys, %d publish attempts, %d delivered (%d repeats after %d crashes), %d graceful restarts",
 		duration, total, keys, len(attempts), len(delivered), repeats, crashes, restarts)
+}
+
+// soakProc is one running processor (an ingest or a dispatcher) of the
+// inbox soak, with a pool of its own.
+type soakProc struct {
+	name   string
+	pool   *pgxpool.Pool
+	close  func() // closes what the processor does not (its broker subscriber)
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes sends keyed
+// messages to Kafka (kfake) for soakDuration, every tenth one twice (a
+// sender's redelivery), while an InboxIngest stores them and a
+// transactional Dispatcher writes one effect row per message in the
+// transaction that completes its inbox row. Every few seconds the ingest or
+// the dispatcher is restarted gracefully or crashed (its database
+// connections killed while it runs and shuts down).
+//
+// At the end every distinct message has exactly one effect, and per key the
+// effects were written in send order.
+func TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes(t *testing.T) {
+	duration := soakDuration(t)
+	admin, in := newInboxTable(t)
+	fx := newEffects(t, admin)
+	ctx := context.Background()
+	// Effects are numbered as they are written, to check the order per key.
+	_, err := admin.Exec(ctx, `ALTER TABLE `+pgx.Identifier{fx.name}.Sanitize()+` ADD COLUMN n bigserial`)
+	require.NoError(t, err)
+	const keys = 30
+	broker := newKafkaBroker(t)
+	topic := testenv.KafkaTopic(t, broker.brokers, 4)
+	group := "soak_" + testenv.Name(t)
+	suffix := in.Table()[len(in.Table())-6:]
+	var started atomic.Int64
+
+	startIngestProc := func() *soakProc {
+		name := fmt.Sprintf("soak-ingest-%s-%d", suffix, started.Add(1))
+		pool := namedPool(t, name)
+		sub := broker.subscriber(group)
+		g, err := processors.NewInboxIngest(pool, processors.InboxIngestConfig{
+			Subscriber: sub, Topic: topic, ConsumerGroup: "billing",
+			Inbox: postgres.InboxConfig{Table: in.Table()}, Retry: fastRetry, HandlerName: name,
+		}, nil)
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(context.Background())
+		p := &soakProc{name: name, pool: pool, cancel: cancel, done: make(chan error, 1),
+			close: func() { _ = g.Close(); _ = sub.Close() }}
+		go func() { p.done <- g.Run(rctx) }()
+		return p
+	}
+	startDispatcherProc := func() *soakProc {
+		name := fmt.Sprintf("soak-dispatch-%s-%d", suffix, started.Add(1))
+		pool := namedPool(t, name)
+		d, err := processors.NewDispatcher(pool, processors.DispatcherConfig{
+			Subscriber: postgres.SubscriberConfig{
+				Table: in.Table(), ConsumerGroup: "billing", WorkerID: name,
+				PollInterval: 50 * time.Millisecond, Lease: 2 * time.Second, CloseTimeout: time.Second,
+			},
+			Transactional: true,
+			Retry:         fastRetry,
+			HandlerName:   name,
+		}, nil)
+		require.NoError(t, err)
+		processors.Handle(d, "order.step", func(ctx context.Context, ev soakEvent, m *message.Message) error {
+			tx, ok := postgres.TxFromContext(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			return fx.write(ctx, tx, bus.EventID(m), fmt.Sprintf("%s/%d", ev.Key, ev.Seq))
+		})
+		rctx, cancel := context.WithCancel(context.Background())
+		p := &soakProc{name: name, pool: pool, cancel: cancel, done: make(chan error, 1), close: func() {}}
+		go func() { p.done <- d.Run(rctx) }()
+		return p
+	}
+	stopProc := func(p *soakProc, crash bool) {
+		var err error
+		if crash {
+			err = crashWhile(admin, p.name, p.cancel, p.done)
+			t.Logf("crashed %s (Run returned %v)", p.name, err)
+		} else {
+			p.cancel()
+			err = <-p.done
+			assert.NoError(t, err, "graceful stop of %s", p.name)
+		}
+		p.close()
+		p.pool.Close()
+	}
+
+	ingest, dispatch := startIngestProc(), startDispatcherProc()
+
+	// The sender: per key in sequence; every tenth message sent twice.
+	pub := broker.publisher()
+	var sent atomic.Int64
+	sendUntil := time.Now().Add(duration)
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		var seq [keys]int
+		for i := 0; time.Now().Before(sendUntil); i++ {
+			k := i % keys
+			body := fmt.Sprintf(`{"key":"key-%d","seq":%d}`, k, seq[k])
+			seq[k]++
+			msg := message.NewMessage(watermill.NewUUID(), []byte(body))
+			bus.SetPartitionKey(msg, fmt.Sprintf("key-%d", k))
+			bus.SetEventType(msg, "order.step")
+			copies := 1
+			if i%10 == 0 {
+				copies = 2
+			}
+			for range copies {
+				if !assert.NoError(t, pub.Publish(topic, msg.Copy())) {
+					return
+				}
+			}
+			sent.Add(1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+
+	var restarts, crashes int
+	for i := 0; time.Now().Before(sendUntil); i++ {
+		time.Sleep(4 * time.Second)
+		crash := i%2 == 1
+		if i%4 < 2 {
+			stopProc(ingest, crash)
+			ingest = startIngestProc()
+		} else {
+			stopProc(dispatch, crash)
+			dispatch = startDispatcherProc()
+		}
+		if crash {
+			crashes++
+		} else {
+			restarts++
+		}
+	}
+	<-sendDone
+	total := int(sent.Load())
+
+	effects := pgx.Identifier{fx.name}.Sanitize()
+	waitFor(t, "an effect for every message", 3*time.Minute, func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+effects).Scan(&n))
+		return n >= total
+	})
+	stopProc(ingest, false)
+	stopProc(dispatch, false)
+
+	var dupEffects int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) - count(DISTINCT event_id) FROM `+effects).Scan(&dupEffects))
+	assert.Zero(t, dupEffects, "messages with more than one effect")
+	rows, err := admin.Query(ctx, `SELECT note FROM `+effects+` ORDER BY n`)
+	require.NoError(t, err)
+	next := map[string]int{}
+	for rows.Next() {
+		var note string
+		require.NoError(t, rows.Scan(&note))
+		key, n, _ := strings.Cut(note, "/")
+		s, err := strconv.Atoi(n)
+		require.NoError(t, err)
+		if s != next[key] {
+			t.Errorf("key %s: effect of %d written when %d was next", key, s, next[key])
+		}
+		next[key] = s + 1
+	}
+	require.NoError(t, rows.Err())
+	var stored int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{in.Table()}.Sanitize()+` WHERE status = 'completed'`).Scan(&stored))
+	assert.Equal(t, total, stored, "each message stored once and completed")
+	t.Logf("%s: %d messages (%d sent twice) over %d keys, %d effects, %d graceful restarts, %d crashes",
+		duration, total, (total+9)/10, keys, total+dupEffects, restarts, crashes)
+}
+
+type soakEvent struct {
+	Key string `json:"key"`
+	Seq int    `json:"seq"`
 }
