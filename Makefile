@@ -23,7 +23,7 @@ demo:
 	$(GO) run ./cmd/omnibus demo --broker $(BROKER)
 
 ## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake)
-test:
+test: services
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## lint: formatting and vet
