@@ -2,7 +2,8 @@
 // one Watermill router: the outbox relay (its outbox → the broker), the inbox
 // ingest (the broker → its inbox), the dispatcher (its inbox → typed
 // handlers) and a plain Watermill handler of its own (an audit log reading
-// the broker as a second consumer group). It places a few orders, waits until
+// the broker as a second consumer group, made exactly-once in effect by
+// middleware.Dedup). It places a few orders, waits until
 // each was confirmed by the dispatcher and seen by the audit log, then shuts
 // down gracefully, as it does on SIGINT or SIGTERM.
 //
@@ -22,9 +23,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -35,6 +34,7 @@ import (
 
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -42,6 +42,7 @@ import (
 
 const (
 	ordersTable = "complete_worker_orders"
+	auditTable  = "complete_worker_audit"
 	auditGroup  = "complete-worker-audit"
 )
 
@@ -114,19 +115,29 @@ func run() error {
 	disp.AddTo(router)
 
 	// 4. A handler of our own: an audit log, reading the same topic as a
-	// second consumer group.
+	// second consumer group. middleware.Dedup makes its effect happen once
+	// per message however often the broker delivers it: the audit row is
+	// written in the transaction that records the message id in the inbox
+	// table (as a completed row of the audit group).
 	auditSub, err := b.Subscriber(auditGroup)
 	if err != nil {
 		return err
 	}
-	var mu sync.Mutex
-	var audited []string
-	router.AddNoPublisherHandler("audit-log", "orders", auditSub, func(msg *message.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		audited = append(audited, bus.PartitionKey(msg))
-		return nil
+	deduper, err := postgres.NewDeduper(b.Pool(), b.Inbox(), auditGroup)
+	if err != nil {
+		return err
+	}
+	dedup, err := middleware.NewDedup(deduper, nil)
+	if err != nil {
+		return err
+	}
+	audit := router.AddNoPublisherHandler("audit-log", "orders", auditSub, func(msg *message.Message) error {
+		tx, _ := postgres.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), `INSERT INTO `+auditTable+` (event_id, order_id) VALUES ($1, $2)`,
+			bus.EventID(msg), bus.PartitionKey(msg))
+		return err
 	})
+	audit.AddMiddleware(dedup.Middleware)
 
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
@@ -163,9 +174,11 @@ func run() error {
 			if err := b.Pool().QueryRow(ctx, `SELECT count(*) FROM `+ordersTable+` WHERE status = 'confirmed'`).Scan(&confirmed); err != nil {
 				return err
 			}
-			mu.Lock()
-			done = confirmed == len(orders) && len(audited) == len(orders)
-			mu.Unlock()
+			var audited int
+			if err := b.Pool().QueryRow(ctx, `SELECT count(*) FROM `+auditTable).Scan(&audited); err != nil {
+				return err
+			}
+			done = confirmed == len(orders) && audited == len(orders)
 		}
 	}
 
@@ -189,7 +202,14 @@ func run() error {
 	if confirmed, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 		return err
 	}
-	slices.Sort(audited)
+	rows, err = b.Pool().Query(context.Background(), `SELECT order_id FROM `+auditTable+` ORDER BY order_id`)
+	if err != nil {
+		return err
+	}
+	audited, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
 	fmt.Printf("confirmed by the dispatcher: %s\n", strings.Join(confirmed, ", "))
 	fmt.Printf("seen by the audit log: %s\n", strings.Join(audited, ", "))
 	fmt.Println("shut down gracefully")
@@ -228,14 +248,15 @@ func config() (bus.Config, error) {
 // reset recreates the example's tables, so every run starts clean.
 func reset(ctx context.Context, b *omnibus.Bus) error {
 	cfg := b.Config()
-	_, err := b.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+ordersTable+`, `+cfg.Outbox.Table+`, `+cfg.Outbox.Table+`_lanes, `+
+	_, err := b.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+ordersTable+`, `+auditTable+`, `+cfg.Outbox.Table+`, `+cfg.Outbox.Table+`_lanes, `+
 		cfg.Inbox.Table+`, `+cfg.Inbox.Table+`_lanes;
 		DO $$ BEGIN
 			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
 				DELETE FROM omnibus_schema_migrations WHERE table_name IN ('`+cfg.Outbox.Table+`', '`+cfg.Inbox.Table+`');
 			END IF;
 		END $$;
-		CREATE TABLE `+ordersTable+` (id text PRIMARY KEY, status text NOT NULL)`)
+		CREATE TABLE `+ordersTable+` (id text PRIMARY KEY, status text NOT NULL);
+		CREATE TABLE `+auditTable+` (event_id text NOT NULL, order_id text NOT NULL)`)
 	if err != nil {
 		return fmt.Errorf("reset the example's tables: %w", err)
 	}
