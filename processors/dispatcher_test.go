@@ -383,3 +383,38 @@ func TestDispatcher_RegistrationAndConfigErrors(t *testing.T) {
 	assert.Equal(t, bus.ClassPermanent, bus.ClassOf(err))
 	assert.True(t, strings.Contains(err.Error(), `"order.lost"`), "the error names the type: %v", err)
 }
+
+func TestDispatcher_DeadLetterTakesAnUndecodableMessageAndTheKeyMovesOn(t *testing.T) {
+	t.Parallel()
+	pool, in := newInboxTable(t)
+	bad := orderMsg("order-1", "order.paid", "paid")
+	bad.Payload = []byte("not json")
+	next := orderMsg("order-1", "order.shipped", "shipped")
+	storeEvents(t, pool, in, "g", bad, next)
+	letters := newTarget(nil)
+	dl, err := middleware.NewDeadLetter(middleware.DeadLetterConfig{Publisher: letters, Topic: "billing.dlq"}, nil)
+	require.NoError(t, err)
+	handled := newCounter()
+	startDispatcher(t, pool, processors.DispatcherConfig{
+		Subscriber: postgres.SubscriberConfig{Table: in.Table(), ConsumerGroup: "g"},
+		Retry:      fastRetry,
+		DeadLetter: dl,
+	}, func(d *processors.Dispatcher) {
+		for _, typ := range []string{"order.paid", "order.shipped"} {
+			processors.Handle(d, typ, func(_ context.Context, ev orderEvent, m *message.Message) error {
+				handled.add(ev.Step)
+				return nil
+			})
+		}
+	})
+	waitFor(t, "both rows completed", 20*time.Second, func() bool {
+		return countRows(t, pool, in, "status = 'completed'") == 2
+	})
+	assert.Equal(t, []string{"shipped"}, handled.snapshot(), "the undecodable message never reached a handler")
+	_, dead := letters.snapshot()
+	require.Len(t, dead, 1)
+	assert.Equal(t, bad.UUID, dead[0].UUID)
+	assert.Equal(t, "not json", string(dead[0].Payload))
+	assert.Equal(t, "permanent", dead[0].Metadata.Get(middleware.MetaDeadLetterClass))
+	assert.Zero(t, countRows(t, pool, in, "status = 'failed'"), "nothing left failed in the inbox")
+}
