@@ -61,8 +61,8 @@
 // A settlement with GiveUp (set by the Retry middleware for a permanent
 // failure or when the attempt budget is spent) copies the entry to the
 // dead-letter stream with its reason, its delivery count and its origin
-// (metadata dead_letter_reason, dead_letter_attempts, dead_letter_stream,
-// dead_letter_id, …) and acknowledges it. Nothing else dead-letters: a plain
+// (metadata omnibus_dead_letter_reason, _error, _class, _attempts, _stream,
+// _id, …, named as the Kafka transport's headers) and acknowledges it. Nothing else dead-letters: a plain
 // Nack is redelivered after NackDelay, however often.
 //
 // # Trimming

@@ -22,20 +22,36 @@ const (
 
 // Metadata keys the Subscriber adds to an entry it copies to the dead-letter
 // stream (as fields FieldMetadataPrefix+key, so a subscriber of the
-// dead-letter stream sees them as metadata).
+// dead-letter stream sees them as metadata). They are named as the Kafka
+// transport's dead-letter headers and middleware.DeadLetter's metadata, so a
+// dead letter reads the same whichever way it came.
 const (
-	// KeyDeadLetterReason is the error that made the entry a dead letter.
-	KeyDeadLetterReason = "dead_letter_reason"
-	// KeyDeadLetterAttempts is the number of counted attempts spent.
-	KeyDeadLetterAttempts = "dead_letter_attempts"
+	// KeyDeadLetterReason is DeadLetterReasonGaveUp or DeadLetterReasonUndecodable.
+	KeyDeadLetterReason = "omnibus_dead_letter_reason"
+	// KeyDeadLetterError is the error text.
+	KeyDeadLetterError = "omnibus_dead_letter_error"
+	// KeyDeadLetterClass is the failure class: counted, transient or
+	// permanent (undecodable entries are permanent).
+	KeyDeadLetterClass = "omnibus_dead_letter_class"
+	// KeyDeadLetterAttempts is the number of deliveries of the entry.
+	KeyDeadLetterAttempts = "omnibus_dead_letter_attempts"
 	// KeyDeadLetterStream and KeyDeadLetterID locate the original entry.
-	KeyDeadLetterStream = "dead_letter_stream"
-	KeyDeadLetterID     = "dead_letter_id"
+	KeyDeadLetterStream = "omnibus_dead_letter_stream"
+	KeyDeadLetterID     = "omnibus_dead_letter_id"
 	// KeyDeadLetterGroup and KeyDeadLetterConsumer say who gave up on it.
-	KeyDeadLetterGroup    = "dead_letter_group"
-	KeyDeadLetterConsumer = "dead_letter_consumer"
+	KeyDeadLetterGroup    = "omnibus_dead_letter_consumer_group"
+	KeyDeadLetterConsumer = "omnibus_dead_letter_consumer"
 	// KeyDeadLetterAt is when it was dead-lettered (RFC 3339, UTC).
-	KeyDeadLetterAt = "dead_letter_at"
+	KeyDeadLetterAt = "omnibus_dead_letter_at"
+)
+
+// The values of KeyDeadLetterReason.
+const (
+	// DeadLetterReasonGaveUp: a handler failure settled with GiveUp (the
+	// budget ran out, or the failure was permanent).
+	DeadLetterReasonGaveUp = "gave_up"
+	// DeadLetterReasonUndecodable: the Marshaler could not decode the entry.
+	DeadLetterReasonUndecodable = "undecodable"
 )
 
 // ErrUndecodable is wrapped by the errors a Marshaler returns for an entry

@@ -159,7 +159,9 @@ func TestSubscriber_NackWithSettlementDelayRedeliversLaterThenDeadLetters(t *tes
 	assert.Equal(t, poison.UUID, dl.UUID)
 	assert.Equal(t, "poison", string(dl.Payload))
 	assert.Equal(t, "v", dl.Metadata.Get("k"))
-	assert.Equal(t, "boom: budget spent", dl.Metadata.Get(omniredis.KeyDeadLetterReason))
+	assert.Equal(t, omniredis.DeadLetterReasonGaveUp, dl.Metadata.Get(omniredis.KeyDeadLetterReason))
+	assert.Equal(t, "boom: budget spent", dl.Metadata.Get(omniredis.KeyDeadLetterError))
+	assert.Equal(t, "counted", dl.Metadata.Get(omniredis.KeyDeadLetterClass))
 	assert.Equal(t, strconv.Itoa(budget), dl.Metadata.Get(omniredis.KeyDeadLetterAttempts))
 	assert.Equal(t, stream, dl.Metadata.Get(omniredis.KeyDeadLetterStream))
 	assert.Equal(t, entryID, dl.Metadata.Get(omniredis.KeyDeadLetterID))
@@ -274,7 +276,9 @@ func TestSubscriber_UndecodableEntryGoesToDeadLetterStream(t *testing.T) {
 	v := entries[0].Values
 	assert.Equal(t, "bar", v["foo"])
 	assert.Equal(t, badID, v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterID])
-	assert.Contains(t, v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterReason], "undecodable")
+	assert.Equal(t, omniredis.DeadLetterReasonUndecodable, v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterReason])
+	assert.NotEmpty(t, v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterError])
+	assert.Equal(t, "permanent", v[omniredis.FieldMetadataPrefix+omniredis.KeyDeadLetterClass])
 	assert.EqualValues(t, 1, sub.Stats().Undecodable)
 }
 

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -353,7 +354,7 @@ func (sub *subscription) accept(xm redis.XMessage, count int64) {
 		sub.s.stats.undecodable.Add(1)
 		sub.logger.Error("undecodable entry; moving it to the dead-letter stream",
 			"entry_id", xm.ID, "dead_letter_stream", sub.deadLetter, "error", err)
-		if err := sub.writeDeadLetter(xm.ID, xm.Values, err.Error(), count); err != nil {
+		if err := sub.writeDeadLetter(xm.ID, xm.Values, DeadLetterReasonUndecodable, err.Error(), bus.ClassPermanent, count); err != nil {
 			// Left pending: it is reclaimed and tried again after ClaimIdle.
 			sub.logger.Error("write dead letter", "entry_id", xm.ID, "error", err)
 		} else {
@@ -554,7 +555,7 @@ func (sub *subscription) giveUp(e *entry, st bus.Settlement) bool {
 	e.waiting, e.dueAt, e.counted = true, time.Now(), true
 	sub.mu.Unlock()
 	for {
-		err := sub.writeDeadLetter(e.id, e.fields, st.Error, e.count)
+		err := sub.writeDeadLetter(e.id, e.fields, DeadLetterReasonGaveUp, st.Error, st.Class, e.count)
 		if err == nil {
 			sub.logger.Info("gave up on entry; moved it to the dead-letter stream",
 				"entry_id", e.id, "event_id", e.msg.UUID, "dead_letter_stream", sub.deadLetter,
@@ -571,16 +572,23 @@ func (sub *subscription) giveUp(e *entry, st bus.Settlement) bool {
 	}
 }
 
-func (sub *subscription) writeDeadLetter(id string, fields map[string]any, reason string, deliveries int64) error {
-	if reason == "" {
-		reason = "given up"
+// writeDeadLetter copies the entry id (its fields) to the dead-letter
+// stream with the reason fields, replacing any an earlier dead-lettering left.
+func (sub *subscription) writeDeadLetter(id string, fields map[string]any, reason, errText string, class bus.Class, deliveries int64) error {
+	if errText == "" {
+		errText = "given up"
 	}
-	values := make([]any, 0, 2*len(fields)+14)
+	values := make([]any, 0, 2*len(fields)+18)
 	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		if strings.HasPrefix(k, FieldMetadataPrefix+"omnibus_dead_letter_") {
+			continue
+		}
 		values = append(values, k, fields[k])
 	}
 	values = append(values,
 		FieldMetadataPrefix+KeyDeadLetterReason, reason,
+		FieldMetadataPrefix+KeyDeadLetterError, errText,
+		FieldMetadataPrefix+KeyDeadLetterClass, class.String(),
 		FieldMetadataPrefix+KeyDeadLetterAttempts, strconv.FormatInt(deliveries, 10),
 		FieldMetadataPrefix+KeyDeadLetterStream, sub.stream,
 		FieldMetadataPrefix+KeyDeadLetterID, id,
