@@ -58,9 +58,6 @@ func (d *Deduper) Do(ctx context.Context, msg *message.Message, fn func(ctx cont
 	if SourceTopic(msg) == "" {
 		opts.Topic = message.SubscribeTopicFromCtx(msg.Context())
 	}
-	if err := d.inbox.Check(msg, opts.Topic); err != nil {
-		return false, bus.Permanent(fmt.Errorf("dedup %s: %w", msg.UUID, err))
-	}
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return false, bus.Transient(fmt.Errorf("dedup %s: begin: %w", msg.UUID, err))
@@ -72,7 +69,11 @@ func (d *Deduper) Do(ctx context.Context, msg *message.Message, fn func(ctx cont
 	}()
 	fresh, err := d.inbox.StoreWith(ctx, tx, opts, msg)
 	if err != nil {
-		return false, bus.Transient(fmt.Errorf("dedup %s: %w", msg.UUID, err))
+		err = fmt.Errorf("dedup %s: %w", msg.UUID, err)
+		if invalid := (*InvalidMessageError)(nil); errors.As(err, &invalid) {
+			return false, bus.Permanent(err)
+		}
+		return false, bus.Transient(err)
 	}
 	if !fresh[0] {
 		return false, nil
