@@ -81,13 +81,31 @@ func crashWhile(admin *pgxpool.Pool, name string, cancel context.CancelFunc, don
 	return err
 }
 
-// soakRelay is one relay of the soak with a pool of its own, named so its
-// connections can be killed.
-type soakRelay struct {
+// soakProc is one running processor of a soak (a relay, an ingest or a
+// dispatcher) with a pool of its own, named so its connections can be
+// killed.
+type soakProc struct {
 	name   string
 	pool   *pgxpool.Pool
+	close  func() // closes what the processor does not (its broker subscriber); may be nil
 	cancel context.CancelFunc
 	done   chan error
+}
+
+// stop stops p gracefully, or crashes it (crashWhile), and closes its pool.
+func (p *soakProc) stop(t *testing.T, admin *pgxpool.Pool, crash bool) {
+	t.Helper()
+	if crash {
+		err := crashWhile(admin, p.name, p.cancel, p.done)
+		t.Logf("crashed %s (Run returned %v)", p.name, err)
+	} else {
+		p.cancel()
+		assert.NoError(t, <-p.done, "graceful stop of %s", p.name)
+	}
+	if p.close != nil {
+		p.close()
+	}
+	p.pool.Close()
 }
 
 // TestSoak_RelaysRestartAndCrashWhileWritersWrite runs writers for
@@ -127,7 +145,7 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 
 	shapes := []struct{ batch, run int }{{1, 1}, {20, 16}, {100, 4}}
 	var started atomic.Int64
-	start := func(shape int) *soakRelay {
+	start := func(shape int) *soakProc {
 		n := started.Add(1)
 		name := fmt.Sprintf("soak-%s-%d", ob.Table()[len(ob.Table())-6:], n)
 		pool := namedPool(t, name)
@@ -144,24 +162,11 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 		}, nil)
 		require.NoError(t, err)
 		rctx, cancel := context.WithCancel(context.Background())
-		r := &soakRelay{name: name, pool: pool, cancel: cancel, done: make(chan error, 1)}
+		r := &soakProc{name: name, pool: pool, cancel: cancel, done: make(chan error, 1)}
 		go func() { r.done <- relay.Run(rctx) }()
 		return r
 	}
-	stop := func(r *soakRelay) {
-		r.cancel()
-		require.NoError(t, <-r.done, "graceful stop of %s", r.name)
-		r.pool.Close()
-	}
-	// crash kills the relay's connections while it runs and until it has
-	// given up settling at shutdown.
-	crash := func(r *soakRelay) {
-		err := crashWhile(admin, r.name, r.cancel, r.done)
-		t.Logf("crashed %s (Run returned %v)", r.name, err)
-		r.pool.Close()
-	}
-
-	relays := []*soakRelay{start(0), start(1), start(2)}
+	relays := []*soakProc{start(0), start(1), start(2)}
 
 	// Writers: per-key serialized, as an aggregate's writes are.
 	var (
@@ -201,10 +206,10 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		j := i % len(relays)
 		if i%2 == 0 {
-			stop(relays[j])
+			relays[j].stop(t, admin, false)
 			restarts++
 		} else {
-			crash(relays[j])
+			relays[j].stop(t, admin, true)
 			crashes++
 		}
 		relays[j] = start(j)
@@ -225,7 +230,7 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 		return n == 0
 	})
 	for _, r := range relays {
-		stop(r)
+		r.stop(t, admin, false)
 	}
 
 	attempts, delivered := tgt.snapshot()
@@ -256,16 +261,6 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 	}
 	t.Logf("%s: %d events over %d keys, %d publish attempts, %d delivered (%d repeats after %d crashes), %d graceful restarts",
 		duration, total, keys, len(attempts), len(delivered), repeats, crashes, restarts)
-}
-
-// soakProc is one running processor (an ingest or a dispatcher) of the
-// inbox soak, with a pool of its own.
-type soakProc struct {
-	name   string
-	pool   *pgxpool.Pool
-	close  func() // closes what the processor does not (its broker subscriber)
-	cancel context.CancelFunc
-	done   chan error
 }
 
 // TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes sends keyed
@@ -329,24 +324,10 @@ func TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes(t *testing.T) 
 			return fx.write(ctx, tx, bus.EventID(m), fmt.Sprintf("%s/%d", ev.Key, ev.Seq))
 		})
 		rctx, cancel := context.WithCancel(context.Background())
-		p := &soakProc{name: name, pool: pool, cancel: cancel, done: make(chan error, 1), close: func() {}}
+		p := &soakProc{name: name, pool: pool, cancel: cancel, done: make(chan error, 1)}
 		go func() { p.done <- d.Run(rctx) }()
 		return p
 	}
-	stopProc := func(p *soakProc, crash bool) {
-		var err error
-		if crash {
-			err = crashWhile(admin, p.name, p.cancel, p.done)
-			t.Logf("crashed %s (Run returned %v)", p.name, err)
-		} else {
-			p.cancel()
-			err = <-p.done
-			assert.NoError(t, err, "graceful stop of %s", p.name)
-		}
-		p.close()
-		p.pool.Close()
-	}
-
 	ingest, dispatch := startIngestProc(), startDispatcherProc()
 
 	// The sender: per key in sequence; every tenth message sent twice.
@@ -383,10 +364,10 @@ func TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes(t *testing.T) 
 		time.Sleep(4 * time.Second)
 		crash := i%2 == 1
 		if i%4 < 2 {
-			stopProc(ingest, crash)
+			ingest.stop(t, admin, crash)
 			ingest = startIngestProc()
 		} else {
-			stopProc(dispatch, crash)
+			dispatch.stop(t, admin, crash)
 			dispatch = startDispatcherProc()
 		}
 		if crash {
@@ -404,8 +385,8 @@ func TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes(t *testing.T) 
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+effects).Scan(&n))
 		return n >= total
 	})
-	stopProc(ingest, false)
-	stopProc(dispatch, false)
+	ingest.stop(t, admin, false)
+	dispatch.stop(t, admin, false)
 
 	var dupEffects int
 	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) - count(DISTINCT event_id) FROM `+effects).Scan(&dupEffects))
