@@ -52,20 +52,35 @@ var ErrUndecodable = errors.New("undecodable record")
 // recordUUIDSpace namespaces the UUIDs derived for records without one.
 var recordUUIDSpace = uuid.MustParse("6f6d6e69-6275-5300-8000-6b61666b6121")
 
-// Marshal implements Marshaler.
+// headerUUIDKey is HeaderUUID as the header name every record shares
+// (sarama only reads header bytes).
+var headerUUIDKey = []byte(HeaderUUID)
+
+// Marshal implements Marshaler. The header names and values of one record
+// are copied into one buffer, so a record costs a fixed few allocations
+// however much metadata it carries.
 func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
 	if _, reserved := msg.Metadata[HeaderUUID]; reserved {
 		return nil, fmt.Errorf("marshal message %s: metadata key %q is reserved for the UUID", msg.UUID, HeaderUUID)
 	}
-	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
-	headers = append(headers, sarama.RecordHeader{Key: []byte(HeaderUUID), Value: []byte(msg.UUID)})
+	size := len(msg.UUID)
 	keys := make([]string, 0, len(msg.Metadata))
-	for k := range msg.Metadata {
+	for k, v := range msg.Metadata {
 		keys = append(keys, k)
+		size += len(k) + len(v)
 	}
-	sort.Strings(keys) // deterministic records
+	if len(keys) > 1 {
+		sort.Strings(keys) // deterministic records
+	}
+	buf := make([]byte, 0, size)
+	take := func(s string) []byte {
+		buf = append(buf, s...)
+		return buf[len(buf)-len(s) : len(buf) : len(buf)]
+	}
+	headers := make([]sarama.RecordHeader, 0, len(keys)+1)
+	headers = append(headers, sarama.RecordHeader{Key: headerUUIDKey, Value: take(msg.UUID)})
 	for _, k := range keys {
-		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(msg.Metadata[k])})
+		headers = append(headers, sarama.RecordHeader{Key: take(k), Value: take(msg.Metadata[k])})
 	}
 	pm := &sarama.ProducerMessage{
 		Topic:   topic,

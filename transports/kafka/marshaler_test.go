@@ -101,3 +101,36 @@ func TestMarshaler_ReservedMetadataKeyIsRefused(t *testing.T) {
 	_, err := kafka.DefaultMarshaler{}.Marshal("t", msg)
 	assert.Error(t, err)
 }
+
+func TestMarshaler_HeadersAreSortedAndDoNotShareBytes(t *testing.T) {
+	t.Parallel()
+	msg := message.NewMessage("6a0e1c44-4b1e-4df5-9a43-3f9a1f1d1e11", []byte("p"))
+	msg.Metadata.Set("b", "2")
+	msg.Metadata.Set("a", "1")
+	msg.Metadata.Set("c", "3")
+
+	pm, err := kafka.DefaultMarshaler{}.Marshal("t", msg)
+	require.NoError(t, err)
+	var got []string
+	for _, h := range pm.Headers {
+		got = append(got, string(h.Key)+"="+string(h.Value))
+	}
+	assert.Equal(t, []string{kafka.HeaderUUID + "=" + msg.UUID, "a=1", "b=2", "c=3"}, got,
+		"the UUID header first, then the metadata in name order")
+
+	// Growing one header's value must not write over the next header.
+	pm.Headers[1].Value = append(pm.Headers[1].Value, 'x')
+	assert.Equal(t, "b", string(pm.Headers[2].Key))
+	assert.Equal(t, "2", string(pm.Headers[2].Value))
+}
+
+func BenchmarkDefaultMarshaler_Marshal(b *testing.B) {
+	msg := message.NewMessage("6a0e1c44-4b1e-4df5-9a43-3f9a1f1d1e11", make([]byte, 256))
+	bus.SetPartitionKey(msg, "order-7")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := (kafka.DefaultMarshaler{}).Marshal("orders", msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
