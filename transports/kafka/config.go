@@ -67,11 +67,19 @@ const (
 	// DefaultMaxInFlight is how many records of one partition may be handled
 	// at once.
 	DefaultMaxInFlight = 64
+	// DefaultMaxReadAheadBytes is how much of a partition's records may be
+	// read ahead of their handling: a few fetch responses' worth.
+	DefaultMaxReadAheadBytes = 4 << 20
 	// DefaultNackDelay is the pause before a nacked record is delivered again
 	// when its settlement names no retry time.
 	DefaultNackDelay = 100 * time.Millisecond
 	// DefaultCommitInterval is how often acked offsets are committed.
 	DefaultCommitInterval = time.Second
+	// DefaultFetchMaxWait is how long a broker may hold a fetch that found no
+	// new records. Kafka's own default is 500 ms; a partition paused for
+	// read-ahead resumes only with the next fetch, so a shorter wait lets a
+	// backlogged partition catch up next to idle ones.
+	DefaultFetchMaxWait = 100 * time.Millisecond
 	// DefaultDeadLetterTopic is the dead-letter topic; "{topic}" stands for the
 	// topic the record came from.
 	DefaultDeadLetterTopic = "{topic}.dlq"
@@ -561,10 +569,14 @@ type SubscriberConfig struct {
 	// MaxInFlight is how many records of one partition may be handled at
 	// once: records with different keys run concurrently, records of one key
 	// one after another. 1 delivers a partition strictly in offset order.
-	// Up to four times as many records of a partition are read ahead (and
-	// may be delivered again after a crash) before fetching pauses. Default
-	// DefaultMaxInFlight.
+	// Default DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxReadAheadBytes bounds the memory of one partition's records read
+	// and not yet done (keys, values and headers, plus a few hundred bytes a
+	// record): fetching from the partition pauses above it and resumes at
+	// half. At least four times MaxInFlight records are read ahead whatever
+	// their size. Default DefaultMaxReadAheadBytes.
+	MaxReadAheadBytes int
 	// NackDelay is the pause before a nacked record is delivered again when
 	// its settlement names no retry time (or it has none). Default
 	// DefaultNackDelay.
@@ -577,6 +589,11 @@ type SubscriberConfig struct {
 	// CommitInterval is how often acked offsets are committed. Default
 	// DefaultCommitInterval.
 	CommitInterval time.Duration
+	// FetchMaxWait is how long a broker may hold a fetch request that finds
+	// no new records (sarama's Consumer.MaxWaitTime). Lower resumes paused
+	// partitions sooner at the cost of more fetch requests while idle.
+	// Default DefaultFetchMaxWait.
+	FetchMaxWait time.Duration
 	// DeadLetterTopic is where records go that are given up on (a settlement
 	// with GiveUp) or cannot be decoded; "{topic}" in it stands for the
 	// source topic. Default DefaultDeadLetterTopic. The topic must exist or
@@ -615,11 +632,17 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
+	if c.MaxReadAheadBytes == 0 {
+		c.MaxReadAheadBytes = DefaultMaxReadAheadBytes
+	}
 	if c.NackDelay == 0 {
 		c.NackDelay = DefaultNackDelay
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = DefaultFetchMaxWait
 	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = DefaultDeadLetterTopic
@@ -642,6 +665,9 @@ func (c SubscriberConfig) Validate() error {
 	if c.MaxInFlight < 0 {
 		return configErr("MaxInFlight", "negative (%d)", c.MaxInFlight)
 	}
+	if c.MaxReadAheadBytes < 0 {
+		return configErr("MaxReadAheadBytes", "negative (%d)", c.MaxReadAheadBytes)
+	}
 	if c.NackDelay < 0 {
 		return configErr("NackDelay", "negative (%s)", c.NackDelay)
 	}
@@ -650,6 +676,9 @@ func (c SubscriberConfig) Validate() error {
 	}
 	if c.CommitInterval < 0 {
 		return configErr("CommitInterval", "negative (%s)", c.CommitInterval)
+	}
+	if c.FetchMaxWait < 0 {
+		return configErr("FetchMaxWait", "negative (%s)", c.FetchMaxWait)
 	}
 	if c.DeadLetterTopic != NoDeadLetters && strings.TrimSpace(c.DeadLetterTopic) == "" {
 		return configErr("DeadLetterTopic", "blank")
@@ -723,6 +752,7 @@ func (c *SubscriberConfig) saramaConfig() (*sarama.Config, error) {
 	}
 	sc.Consumer.Offsets.AutoCommit.Enable = true
 	sc.Consumer.Offsets.AutoCommit.Interval = c.CommitInterval
+	sc.Consumer.MaxWaitTime = c.FetchMaxWait
 	sc.Consumer.Return.Errors = true
 	if c.Tune != nil {
 		c.Tune(sc)

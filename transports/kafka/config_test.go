@@ -68,6 +68,8 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 		{"unknown balance strategy", sub(func(c *kafka.SubscriberConfig) { c.BalanceStrategy = "random" }), "BalanceStrategy"},
 		{"heartbeat not below session", sub(func(c *kafka.SubscriberConfig) { c.SessionTimeout, c.HeartbeatInterval = time.Second, 2*time.Second }), "HeartbeatInterval"},
 		{"negative nack delay", sub(func(c *kafka.SubscriberConfig) { c.NackDelay = -1 }), "NackDelay"},
+		{"negative read-ahead", sub(func(c *kafka.SubscriberConfig) { c.MaxReadAheadBytes = -1 }), "MaxReadAheadBytes"},
+		{"negative fetch wait", sub(func(c *kafka.SubscriberConfig) { c.FetchMaxWait = -time.Second }), "FetchMaxWait"},
 		{"blank dead-letter topic", sub(func(c *kafka.SubscriberConfig) { c.DeadLetterTopic = " " }), "DeadLetterTopic"},
 	}
 	for _, tc := range subCases {

@@ -101,7 +101,7 @@ func deadLetterRecord(rec *sarama.ConsumerMessage, dlq, group, reason, errText s
 // first: the record stays not done and its next owner handles it again.
 func (w *partitionWorker) deadLetter(r *record, reason, errText string, attempts int, class bus.Class) bool {
 	log := w.log.With("offset", r.rec.Offset, "reason", reason, "attempts", attempts, "error", errText)
-	dlq := DeadLetterTopicFor(w.cfg.DeadLetterTopic, w.topic)
+	dlq := w.dlTopic
 	if dlq == "" {
 		log.Error("kafka record given up; dead letters are off, skipping it")
 		return true

@@ -34,7 +34,6 @@ func testSubscriberConfig(brokers []string, group string) kafka.SubscriberConfig
 		Tune: func(c *sarama.Config) {
 			c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
 			c.Metadata.Retry.Backoff = 50 * time.Millisecond
-			c.Consumer.MaxWaitTime = 100 * time.Millisecond
 		},
 	}
 }

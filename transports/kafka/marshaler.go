@@ -95,11 +95,9 @@ func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.Pro
 
 // Unmarshal implements Marshaler.
 func (DefaultMarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
-	var (
-		id    string
-		hasID bool
-		md    = make(message.Metadata, len(rec.Headers))
-	)
+	msg := message.NewMessage("", rec.Value)
+	md := msg.Metadata
+	hasID := false
 	for _, h := range rec.Headers {
 		if h == nil {
 			continue
@@ -112,27 +110,26 @@ func (DefaultMarshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message
 		case !utf8.Valid(h.Value):
 			return nil, fmt.Errorf("%w: the value of header %q is not valid UTF-8", ErrUndecodable, h.Key)
 		}
-		k, v := string(h.Key), string(h.Value)
-		if k == HeaderUUID {
+		if string(h.Key) == HeaderUUID {
 			switch {
-			case v == "":
+			case len(h.Value) == 0:
 				return nil, fmt.Errorf("%w: header %s is empty", ErrUndecodable, HeaderUUID)
-			case hasID && v != id:
+			case hasID && string(h.Value) != msg.UUID:
 				return nil, fmt.Errorf("%w: header %s repeated with different values", ErrUndecodable, HeaderUUID)
 			}
-			id, hasID = v, true
+			if !hasID {
+				msg.UUID, hasID = string(h.Value), true
+			}
 			continue
 		}
-		md[k] = v // a repeated header keeps its last value, as Kafka's lastHeader does
+		md[string(h.Key)] = string(h.Value) // a repeated header keeps its last value, as Kafka's lastHeader does
 	}
 	if !hasID {
-		id = uuid.NewSHA1(recordUUIDSpace, []byte(rec.Topic+"/"+strconv.Itoa(int(rec.Partition))+"/"+strconv.FormatInt(rec.Offset, 10))).String()
+		msg.UUID = uuid.NewSHA1(recordUUIDSpace, []byte(rec.Topic+"/"+strconv.Itoa(int(rec.Partition))+"/"+strconv.FormatInt(rec.Offset, 10))).String()
 	}
 	if _, ok := md[bus.KeyPartitionKey]; !ok && len(rec.Key) > 0 && utf8.Valid(rec.Key) {
 		// A binary key is not copied; the Subscriber still orders by it.
 		md[bus.KeyPartitionKey] = string(rec.Key)
 	}
-	msg := message.NewMessage(id, rec.Value)
-	msg.Metadata = md
 	return msg, nil
 }

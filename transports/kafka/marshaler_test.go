@@ -134,3 +134,22 @@ func BenchmarkDefaultMarshaler_Marshal(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkDefaultMarshaler_Unmarshal(b *testing.B) {
+	msg := message.NewMessage("6a0e1c44-4b1e-4df5-9a43-3f9a1f1d1e11", make([]byte, 256))
+	bus.SetPartitionKey(msg, "order-7")
+	pm, err := kafka.DefaultMarshaler{}.Marshal("orders", msg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec := &sarama.ConsumerMessage{Topic: "orders", Partition: 3, Offset: 42, Key: []byte("order-7"), Value: msg.Payload}
+	for _, h := range pm.Headers {
+		rec.Headers = append(rec.Headers, &sarama.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := (kafka.DefaultMarshaler{}).Unmarshal(rec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

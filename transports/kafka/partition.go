@@ -19,6 +19,22 @@ type record struct {
 	key   string
 	keyed bool
 	done  bool // acked, dead-lettered, or acked by an earlier owner
+	size  int  // what it counts against the read-ahead (recordSize)
+}
+
+// recordOverhead is what a record held in memory costs beyond its key,
+// value and headers (the sarama and omnibus structs around them).
+const recordOverhead = 256
+
+// recordSize is what rec counts against SubscriberConfig.MaxReadAheadBytes.
+func recordSize(rec *sarama.ConsumerMessage) int {
+	n := recordOverhead + len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		if h != nil {
+			n += len(h.Key) + len(h.Value)
+		}
+	}
+	return n
 }
 
 // partitionWorker hands out the records of one claimed partition. The run
@@ -34,7 +50,8 @@ type partitionWorker struct {
 	topic     string
 	partition int32
 	log       *slog.Logger
-	maxRead   int // records held before fetching pauses
+	minRead   int    // records always read ahead, whatever their size
+	dlTopic   string // where this topic's records are dead-lettered ("" = nowhere)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -46,6 +63,7 @@ type partitionWorker struct {
 	// window holds the records read and not yet committable, in offset
 	// order; window[0] is the first one not done.
 	window   []*record
+	held     int                  // bytes of the records in window (recordSize)
 	lanes    map[string][]*record // per key: records waiting behind the one in flight
 	ready    []*record            // records free to go, waiting for an in-flight slot
 	inflight int
@@ -69,7 +87,8 @@ func newPartitionWorker(sub *subscription, sess sarama.ConsumerGroupSession, cla
 		partition:  claim.Partition(),
 		log:        sub.log.With("partition", claim.Partition()),
 		lanes:      make(map[string][]*record),
-		maxRead:    max(4*cfg.MaxInFlight, 16),
+		minRead:    max(4*cfg.MaxInFlight, 16),
+		dlTopic:    DeadLetterTopicFor(cfg.DeadLetterTopic, claim.Topic()),
 		markedNext: -1,
 	}
 	if off := claim.InitialOffset(); off >= 0 {
@@ -125,16 +144,21 @@ func (w *partitionWorker) run() {
 	}
 }
 
-// throttle pauses fetching while the worker holds maxRead records and
-// resumes it when half of them are done. The claim keeps being read, so a
-// revocation is noticed at once; what the fetcher had buffered still arrives.
-// Called with mu held.
+// throttle pauses fetching while the worker holds MaxReadAheadBytes of
+// records (and at least minRead records, so large records do not starve
+// the in-flight slots) and resumes it when half of that is done. The
+// threshold is in bytes and far above one record so that a fetch response
+// (up to Consumer.Fetch.Default bytes per partition) does not pause the
+// partition each time: sarama resumes a paused partition only with its next
+// fetch, and when every partition is paused it sleeps 100 ms first. The
+// claim keeps being read, so a revocation is noticed at once; what the
+// fetcher had buffered still arrives. Called with mu held.
 func (w *partitionWorker) throttle() {
 	switch {
-	case !w.paused && len(w.window) >= w.maxRead:
+	case !w.paused && w.held >= w.cfg.MaxReadAheadBytes && len(w.window) >= w.minRead:
 		w.paused = true
 		w.sub.group.Pause(map[string][]int32{w.topic: {w.partition}})
-	case w.paused && len(w.window) <= w.maxRead/2:
+	case w.paused && (w.held <= w.cfg.MaxReadAheadBytes/2 || len(w.window) <= w.minRead/2):
 		w.paused = false
 		w.sub.group.Resume(map[string][]int32{w.topic: {w.partition}})
 	}
@@ -142,16 +166,16 @@ func (w *partitionWorker) throttle() {
 
 // add takes a record read from the claim. Called with mu held.
 func (w *partitionWorker) add(rec *sarama.ConsumerMessage) {
-	r := &record{rec: rec, key: string(rec.Key), keyed: len(rec.Key) > 0}
+	r := &record{rec: rec, key: string(rec.Key), keyed: len(rec.Key) > 0, size: recordSize(rec)}
+	w.window = append(w.window, r)
+	w.held += r.size
 	if w.ackedBefore.has(rec.Offset) {
 		// Acked by the previous owner: it only has to leave the window in
 		// order. Its key's earlier records were acked before it was.
 		r.done = true
-		w.window = append(w.window, r)
 		w.advance()
 		return
 	}
-	w.window = append(w.window, r)
 	if r.keyed {
 		if waiting, busy := w.lanes[r.key]; busy {
 			w.lanes[r.key] = append(waiting, r)
@@ -218,6 +242,7 @@ func (w *partitionWorker) advance() {
 	i := 0
 	for i < len(w.window) && w.window[i].done {
 		w.lastDone, w.hasDone = w.window[i].rec.Offset, true
+		w.held -= w.window[i].size
 		w.window[i] = nil
 		i++
 	}
@@ -255,6 +280,14 @@ func (w *partitionWorker) mark() {
 	w.markedNext = next
 }
 
+// deliveryID is a delivery's ID: "partition/offset".
+func (w *partitionWorker) deliveryID(offset int64) string {
+	var b [32]byte
+	id := strconv.AppendInt(b[:0], int64(w.partition), 10)
+	id = append(id, '/')
+	return string(strconv.AppendInt(id, offset, 10))
+}
+
 // deliver hands one record to the subscriber's channel until it is acked
 // or dead-lettered, redelivering it after each Nack, and reports true. It
 // reports false, the record not done, when the partition is released first.
@@ -284,10 +317,10 @@ func (w *partitionWorker) deliver(r *record) bool {
 			DeliveredAt:      now,
 			Source:           w.topic,
 			Topic:            w.topic,
-			ID:               strconv.Itoa(int(w.partition)) + "/" + strconv.FormatInt(r.rec.Offset, 10),
+			ID:               w.deliveryID(r.rec.Offset),
 			Partition:        w.partition,
 			Offset:           r.rec.Offset,
-			DeadLetter:       DeadLetterTopicFor(w.cfg.DeadLetterTopic, w.topic),
+			DeadLetter:       w.dlTopic,
 		})
 		msg.SetContext(ctx)
 
