@@ -15,7 +15,9 @@
 // partition is acked, redelivers nacked records in place after the
 // settlement's retry time, and publishes records that are given up on, or
 // cannot be decoded, to a dead-letter topic with the reason in their
-// headers. Each message's context carries a bus.Delivery.
+// headers. Each message's context carries a bus.Delivery. It reads ahead of
+// its handlers up to MaxReadAheadBytes per partition, then pauses fetching
+// that partition until half of it is done.
 //
 //	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 //		Brokers: []string{"localhost:9092"},
