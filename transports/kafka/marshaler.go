@@ -52,10 +52,6 @@ var ErrUndecodable = errors.New("undecodable record")
 // recordUUIDSpace namespaces the UUIDs derived for records without one.
 var recordUUIDSpace = uuid.MustParse("6f6d6e69-6275-5300-8000-6b61666b6121")
 
-// headerUUIDKey is HeaderUUID as the header name every record shares
-// (sarama only reads header bytes).
-var headerUUIDKey = []byte(HeaderUUID)
-
 // Marshal implements Marshaler. The header names and values of one record
 // are copied into one buffer, so a record costs a fixed few allocations
 // however much metadata it carries.
@@ -63,7 +59,7 @@ func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.Pro
 	if _, reserved := msg.Metadata[HeaderUUID]; reserved {
 		return nil, fmt.Errorf("marshal message %s: metadata key %q is reserved for the UUID", msg.UUID, HeaderUUID)
 	}
-	size := len(msg.UUID)
+	size := len(HeaderUUID) + len(msg.UUID)
 	keys := make([]string, 0, len(msg.Metadata))
 	for k, v := range msg.Metadata {
 		keys = append(keys, k)
@@ -78,7 +74,7 @@ func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.Pro
 		return buf[len(buf)-len(s) : len(buf) : len(buf)]
 	}
 	headers := make([]sarama.RecordHeader, 0, len(keys)+1)
-	headers = append(headers, sarama.RecordHeader{Key: headerUUIDKey, Value: take(msg.UUID)})
+	headers = append(headers, sarama.RecordHeader{Key: take(HeaderUUID), Value: take(msg.UUID)})
 	for _, k := range keys {
 		headers = append(headers, sarama.RecordHeader{Key: take(k), Value: take(msg.Metadata[k])})
 	}
