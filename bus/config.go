@@ -39,29 +39,34 @@ const (
 	DefaultKafkaInitialOffset = "oldest"
 	DefaultKafkaDeadLetter    = "{topic}.dlq"
 	DefaultKafkaMaxInFlight   = 64
-	DefaultRedisAddr          = "127.0.0.1:6379"
-	DefaultRedisOrdering      = "key"
-	DefaultOutboxTable        = "omnibus_outbox"
-	DefaultInboxTable         = "omnibus_inbox"
-	DefaultConsumerGroup      = "omnibus"
-	DefaultMaxAttempts        = 6
-	DefaultRetention          = 7 * 24 * time.Hour
-	DefaultRetryBase          = 10 * time.Second
-	DefaultRetryCap           = time.Hour
-	DefaultTransientDelay     = time.Second
-	DefaultRelayBatchSize     = 100
-	DefaultRelayRunLength     = 16
-	DefaultRelayLease         = 30 * time.Second
-	DefaultRelayPollInterval  = time.Second
-	DefaultRelayTimeout       = 30 * time.Second
-	DefaultRelayFailedPolicy  = "skip"
-	DefaultBreakerThreshold   = 5
-	DefaultBreakerOpenTimeout = 5 * time.Second
-	DefaultRelayCloseTimeout  = 30 * time.Second
-	DefaultLogLevel           = "info"
-	DefaultLogFormat          = "text"
-	DefaultMetricsAddr        = ":9464"
-	DefaultTraces             = TracesOff
+	// DefaultKafkaMaxReadAheadBytes and DefaultKafkaFetchMaxWait are the
+	// Kafka subscriber's own defaults (transports/kafka), repeated here so
+	// that config check shows them.
+	DefaultKafkaMaxReadAheadBytes = 4 << 20
+	DefaultKafkaFetchMaxWait      = 100 * time.Millisecond
+	DefaultRedisAddr              = "127.0.0.1:6379"
+	DefaultRedisOrdering          = "key"
+	DefaultOutboxTable            = "omnibus_outbox"
+	DefaultInboxTable             = "omnibus_inbox"
+	DefaultConsumerGroup          = "omnibus"
+	DefaultMaxAttempts            = 6
+	DefaultRetention              = 7 * 24 * time.Hour
+	DefaultRetryBase              = 10 * time.Second
+	DefaultRetryCap               = time.Hour
+	DefaultTransientDelay         = time.Second
+	DefaultRelayBatchSize         = 100
+	DefaultRelayRunLength         = 16
+	DefaultRelayLease             = 30 * time.Second
+	DefaultRelayPollInterval      = time.Second
+	DefaultRelayTimeout           = 30 * time.Second
+	DefaultRelayFailedPolicy      = "skip"
+	DefaultBreakerThreshold       = 5
+	DefaultBreakerOpenTimeout     = 5 * time.Second
+	DefaultRelayCloseTimeout      = 30 * time.Second
+	DefaultLogLevel               = "info"
+	DefaultLogFormat              = "text"
+	DefaultMetricsAddr            = ":9464"
+	DefaultTraces                 = TracesOff
 	// TracesOff and TracesOTLP are the values of observability.traces.
 	TracesOff  = "off"
 	TracesOTLP = "otlp"
@@ -175,6 +180,13 @@ type KafkaConfig struct {
 	// (records of one key always one after another). Default
 	// DefaultKafkaMaxInFlight.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// MaxReadAheadBytes bounds the records of one partition read ahead of
+	// their handling; fetching that partition pauses above it. Default
+	// DefaultKafkaMaxReadAheadBytes.
+	MaxReadAheadBytes int `yaml:"max_read_ahead_bytes"`
+	// FetchMaxWait is how long a broker may hold a fetch that finds nothing
+	// new. Default DefaultKafkaFetchMaxWait.
+	FetchMaxWait time.Duration `yaml:"fetch_max_wait"`
 }
 
 // KafkaTLSConfig secures the connections to the brokers.
@@ -531,6 +543,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.Kafka.InitialOffset, DefaultKafkaInitialOffset)
 	setDefault(&c.Kafka.DeadLetterTopic, DefaultKafkaDeadLetter)
 	setDefault(&c.Kafka.MaxInFlight, DefaultKafkaMaxInFlight)
+	setDefault(&c.Kafka.MaxReadAheadBytes, DefaultKafkaMaxReadAheadBytes)
+	setDefault(&c.Kafka.FetchMaxWait, DefaultKafkaFetchMaxWait)
 	setDefault(&c.Redis.Addr, DefaultRedisAddr)
 	setDefault(&c.Redis.Ordering, DefaultRedisOrdering)
 	setDefault(&c.Outbox.Table, DefaultOutboxTable)
@@ -657,6 +671,8 @@ func (c Config) Validate() error {
 	}
 	oneOf("kafka.initial_offset", c.Kafka.InitialOffset, "oldest", "newest")
 	notNegative("kafka.max_in_flight", int64(c.Kafka.MaxInFlight))
+	notNegative("kafka.max_read_ahead_bytes", int64(c.Kafka.MaxReadAheadBytes))
+	notNegativeDur("kafka.fetch_max_wait", c.Kafka.FetchMaxWait)
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		bad("kafka.tls.cert_file", "cert_file and key_file go together: set both or neither")
 	}

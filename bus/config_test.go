@@ -47,6 +47,8 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		{"kafka version", func(c *Config) { c.Kafka.Version = "3" }, "kafka.version", "not major.minor.patch"},
 		{"kafka offset", func(c *Config) { c.Kafka.InitialOffset = "latest" }, "kafka.initial_offset", `"latest" is not one of oldest, newest`},
 		{"kafka in flight", func(c *Config) { c.Kafka.MaxInFlight = -2 }, "kafka.max_in_flight", "must not be negative"},
+		{"kafka read-ahead", func(c *Config) { c.Kafka.MaxReadAheadBytes = -1 }, "kafka.max_read_ahead_bytes", "must not be negative"},
+		{"kafka fetch wait", func(c *Config) { c.Kafka.FetchMaxWait = -time.Second }, "kafka.fetch_max_wait", "must not be negative"},
 		{"kafka tls pair", func(c *Config) { c.Kafka.TLS.CertFile = "c.pem" }, "kafka.tls.cert_file", "set both or neither"},
 		{"kafka sasl mechanism", func(c *Config) { c.Kafka.SASL.Mechanism = "GSSAPI" }, "kafka.sasl.mechanism", "is not one of , PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"},
 		{"kafka sasl user", func(c *Config) { c.Kafka.SASL = KafkaSASLConfig{Mechanism: "PLAIN", Password: "p"} }, "kafka.sasl.user", "required when kafka.sasl.mechanism is set"},

@@ -58,14 +58,16 @@ func SubscriberConfigFrom(cfg bus.Config) SubscriberConfig {
 	cfg = cfg.WithDefaults()
 	k := cfg.Kafka
 	return SubscriberConfig{
-		Brokers:         k.Brokers,
-		ClientID:        k.ClientID,
-		KafkaVersion:    k.Version,
-		TLS:             tlsFrom(k.TLS),
-		SASL:            SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
-		InitialOffset:   InitialOffset(k.InitialOffset),
-		DeadLetterTopic: k.DeadLetterTopic,
-		MaxInFlight:     k.MaxInFlight,
+		Brokers:           k.Brokers,
+		ClientID:          k.ClientID,
+		KafkaVersion:      k.Version,
+		TLS:               tlsFrom(k.TLS),
+		SASL:              SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
+		InitialOffset:     InitialOffset(k.InitialOffset),
+		DeadLetterTopic:   k.DeadLetterTopic,
+		MaxInFlight:       k.MaxInFlight,
+		MaxReadAheadBytes: k.MaxReadAheadBytes,
+		FetchMaxWait:      k.FetchMaxWait,
 	}
 }
 
