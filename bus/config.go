@@ -672,7 +672,9 @@ func (c Config) Validate() error {
 	oneOf("kafka.initial_offset", c.Kafka.InitialOffset, "oldest", "newest")
 	notNegative("kafka.max_in_flight", int64(c.Kafka.MaxInFlight))
 	notNegative("kafka.max_read_ahead_bytes", int64(c.Kafka.MaxReadAheadBytes))
-	notNegativeDur("kafka.fetch_max_wait", c.Kafka.FetchMaxWait)
+	if c.Kafka.FetchMaxWait < time.Millisecond {
+		bad("kafka.fetch_max_wait", "must be at least 1ms (brokers wait in whole milliseconds), got %s", c.Kafka.FetchMaxWait)
+	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		bad("kafka.tls.cert_file", "cert_file and key_file go together: set both or neither")
 	}

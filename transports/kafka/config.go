@@ -677,8 +677,8 @@ func (c SubscriberConfig) Validate() error {
 	if c.CommitInterval < 0 {
 		return configErr("CommitInterval", "negative (%s)", c.CommitInterval)
 	}
-	if c.FetchMaxWait < 0 {
-		return configErr("FetchMaxWait", "negative (%s)", c.FetchMaxWait)
+	if c.FetchMaxWait < time.Millisecond {
+		return configErr("FetchMaxWait", "below 1ms (%s): brokers wait in whole milliseconds", c.FetchMaxWait)
 	}
 	if c.DeadLetterTopic != NoDeadLetters && strings.TrimSpace(c.DeadLetterTopic) == "" {
 		return configErr("DeadLetterTopic", "blank")

@@ -70,6 +70,7 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 		{"negative nack delay", sub(func(c *kafka.SubscriberConfig) { c.NackDelay = -1 }), "NackDelay"},
 		{"negative read-ahead", sub(func(c *kafka.SubscriberConfig) { c.MaxReadAheadBytes = -1 }), "MaxReadAheadBytes"},
 		{"negative fetch wait", sub(func(c *kafka.SubscriberConfig) { c.FetchMaxWait = -time.Second }), "FetchMaxWait"},
+		{"fetch wait below a millisecond", sub(func(c *kafka.SubscriberConfig) { c.FetchMaxWait = 500 * time.Microsecond }), "FetchMaxWait"},
 		{"blank dead-letter topic", sub(func(c *kafka.SubscriberConfig) { c.DeadLetterTopic = " " }), "DeadLetterTopic"},
 	}
 	for _, tc := range subCases {
