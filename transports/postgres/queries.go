@@ -230,13 +230,15 @@ WITH k AS (
         SELECT min(t.scheduled_at) AS min_sched
         FROM {T} t
         WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
-          AND t.status = 'pending' AND (h.id IS NULL OR t.id < h.id)
+          -- Written as a range (not "h.id IS NULL OR t.id < h.id") so the
+          -- key index stops at the head instead of reading the whole backlog.
+          AND t.status = 'pending' AND t.id < COALESCE(h.id, 9223372036854775807)
     ) d ON true
     LEFT JOIN LATERAL (
         SELECT $4::boolean AND EXISTS (
             SELECT 1 FROM {T} f
             WHERE f.topic = k.topic AND f.partition_key = k.partition_key{G_FK}
-              AND f.status = 'failed' AND (h.id IS NULL OR f.id < h.id)) AS blocked
+              AND f.status = 'failed' AND f.id < COALESCE(h.id, 9223372036854775807)) AS blocked
     ) b ON true
 ), kept AS (
     UPDATE {L} l
