@@ -336,3 +336,41 @@ func BenchmarkHotKeyThroughput(b *testing.B) {
 	b.ReportMetric(baseSum/float64(b.N), "nohot-evt/s")
 	b.ReportMetric(100*hotSum/baseSum, "hot/nohot-%")
 }
+
+// singleKeyRows is the backlog of BenchmarkSingleKeyDrain.
+const singleKeyRows = 30_000
+
+// BenchmarkSingleKeyDrain drains a backlog of singleKeyRows pending rows
+// of one key, alone in a fresh table (its statistics taken while every row
+// is pending, as after a burst on one key), with the relay's defaults
+// (RunLength 16) and with RunLength 64, into the in-memory sink. One key is
+// delivered one run at a time, so this is the relay's per-run cost: fetch,
+// settle and lane reconciliation. Metrics: `run16-evt/s`, `run64-evt/s`.
+func BenchmarkSingleKeyDrain(b *testing.B) {
+	rates := map[int]float64{}
+	for range b.N {
+		for _, run := range []int{16, 64} {
+			b.StopTimer()
+			tr := &tracer{}
+			pool := pgbench.NewPool(b, 20, tr)
+			t := pgbench.NewTable(b, pool, postgres.KindOutbox, "single")
+			seed(b, pool, t, rows{n: singleKeyRows, keys: 1, prefix: hotKey})
+			pgbench.Vacuum(b, pool, t)
+			s := pgbench.NewSink(singleKeyRows)
+			b.StartTimer()
+			start := time.Now()
+			r := startRelay(b, pool, t, postgres.SubscriberConfig{RunLength: run}, s)
+			elapsed := s.Wait(b, throughputTimeout).Sub(start)
+			b.StopTimer()
+			r.stop(b)
+			rates[run] += pgbench.PerSecond(singleKeyRows, elapsed)
+			b.Logf("RunLength %d: %d events of one key in %s (%.0f/s); %s",
+				run, singleKeyRows, elapsed.Round(time.Millisecond), pgbench.PerSecond(singleKeyRows, elapsed), pgbench.LoadAvg(3))
+			for _, l := range tr.top(3) {
+				b.Log("  " + l)
+			}
+		}
+	}
+	b.ReportMetric(rates[16]/float64(b.N), "run16-evt/s")
+	b.ReportMetric(rates[64]/float64(b.N), "run64-evt/s")
+}
