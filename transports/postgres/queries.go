@@ -50,32 +50,6 @@ func newQueries(t tableName, inbox bool) *queries {
 		}
 		return " AND " + alias + ".consumer_group = $7"
 	}
-	// keyRange restricts a row alias to the rows of a lane, written as a
-	// range over the key index's leading columns rather than as equalities,
-	// and keyOrder orders by those columns and id. With equalities the
-	// planner may walk the primary key in id order and filter, which it
-	// prefers when the statistics say one key holds most of the table (a
-	// backlog of one key): each lookup then reads every completed row before
-	// the head, and draining that key gets slower with every run. A range
-	// and an order the primary key cannot give leave the key index as the
-	// only index that serves the lookup. keyBelow selects a lane's rows below
-	// an id: equalities (which estimate well) and the bound as a row
-	// comparison, which the key index takes as the end of its range and the
-	// primary key cannot use at all.
-	keyCols := func(alias string) string {
-		if inbox {
-			return alias + ".consumer_group, " + alias + ".topic, " + alias + ".partition_key"
-		}
-		return alias + ".topic, " + alias + ".partition_key"
-	}
-	keyRange := func(alias, lane string) string {
-		return "(" + keyCols(alias) + ") >= (" + keyCols(lane) + ") AND (" + keyCols(alias) + ") <= (" + keyCols(lane) + ")"
-	}
-	keyBelow := func(alias, lane, id string) string {
-		return alias + ".topic = " + lane + ".topic AND " + alias + ".partition_key = " + lane + ".partition_key" + g(alias, lane) +
-			" AND (" + keyCols(alias) + ", " + alias + ".id) < (" + keyCols(lane) + ", " + id + ")"
-	}
-	keyOrder := func(alias string) string { return keyCols(alias) + ", " + alias + ".id" }
 	build := func(s string, kv ...string) string {
 		for i := 0; i+1 < len(kv); i += 2 {
 			s = strings.ReplaceAll(s, kv[i], kv[i+1])
@@ -129,14 +103,14 @@ WITH lane AS (
         SELECT t.id,
                (t.scheduled_at <= now() AND (t.locked_until IS NULL OR t.locked_until < now())) AS deliverable
         FROM {T} t
-        WHERE {KEY_T}
+        WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
           AND t.status = 'pending'
           AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
           AND NOT ($8::boolean AND EXISTS (
               SELECT 1 FROM {T} f
               WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
                 AND f.status = 'failed' AND f.id < t.id))
-        ORDER BY {KEY_ORDER_T}
+        ORDER BY t.id
         LIMIT $4
     ) r
 ), run AS (
@@ -172,8 +146,7 @@ FROM picked
 UNION ALL
 SELECT true, NULL, NULL, topic, partition_key, NULL, NULL, NULL, NULL, NULL, NULL, consumer_group
 FROM leased`,
-		"{KEY_T}", keyRange("t", "lane"),
-		"{KEY_ORDER_T}", keyOrder("t"),
+		"{G_T}", g("t", "lane"),
 		"{G_F}", g("f", "lane"),
 		"{GP_T}", gp("t"),
 	)
@@ -247,18 +220,19 @@ WITH k AS (
     LEFT JOIN LATERAL (
         SELECT t.id, CASE WHEN t.locked_until > now() THEN t.locked_until ELSE t.scheduled_at END AS ready
         FROM {T} t
-        WHERE {KEY_TK}
+        WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
           AND t.status = 'pending'
           AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-        ORDER BY {KEY_ORDER_T}
+        ORDER BY t.id
         LIMIT 1
     ) h ON true
     LEFT JOIN LATERAL (
-        -- Bounded at the head (not "h.id IS NULL OR t.id < h.id", which no
-        -- index can use), so it reads only the rows before the head.
         SELECT min(t.scheduled_at) AS min_sched
         FROM {T} t
-        WHERE {KEY_BELOW_HEAD} AND t.status = 'pending'
+        WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
+          -- Written as a range (not "h.id IS NULL OR t.id < h.id") so the
+          -- key index stops at the head instead of reading the whole backlog.
+          AND t.status = 'pending' AND t.id < COALESCE(h.id, 9223372036854775807)
     ) d ON true
     LEFT JOIN LATERAL (
         SELECT $4::boolean AND EXISTS (
@@ -284,9 +258,7 @@ SELECT 'asleep', s.consumer_group, s.topic, s.partition_key
 FROM state s WHERE s.asleep AND NOT $5::boolean
 UNION ALL
 SELECT 'ready', NULL, NULL, NULL FROM kept WHERE ready_at <= now()`,
-		"{KEY_TK}", keyRange("t", "k"),
-		"{KEY_ORDER_T}", keyOrder("t"),
-		"{KEY_BELOW_HEAD}", keyBelow("t", "k", "COALESCE(h.id, 9223372036854775807)"),
+		"{G_TK}", g("t", "k"),
 		"{G_FK}", g("f", "k"),
 	)
 
