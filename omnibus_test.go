@@ -32,7 +32,9 @@ func TestOpen_OutboxToHandlersThroughTheConfiguredBroker(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	name := testenv.Name(t)[:30]
+	full := testenv.Name(t)
+	name := "o2h_" + full[len(full)-10:] // the random suffix: room for _out_lanes, never another run's tables
+	testenv.DropPostgresPrefix(t, name)
 	cfg := bus.Config{
 		Outbox: bus.OutboxConfig{Table: name + "_out"},
 		Inbox:  bus.InboxConfig{Table: name + "_in", ConsumerGroup: "test"},

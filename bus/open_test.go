@@ -26,6 +26,7 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 		cfg.Postgres.URL = testenv.PostgresURL()
 		cfg.Postgres.MaxConns = 4
 		cfg.Postgres.QueueTable = testenv.Name(t)
+		testenv.DropPostgresPrefix(t, cfg.Postgres.QueueTable)
 		cfg.Postgres.QueueGroups = []string{"smoke", "other"}
 	case bus.BrokerKafka:
 		cfg.Kafka.Brokers = testenv.Kafka(t)

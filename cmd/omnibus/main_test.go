@@ -82,6 +82,7 @@ func writeConfig(t *testing.T, content string) string {
 func tablesConfig(t *testing.T, extra string) (path, outbox, inbox string) {
 	t.Helper()
 	name := "cli_" + randomHex(6) // testenv.Name would leave no room for the suffixes
+	testenv.DropPostgresPrefix(t, name)
 	outbox, inbox = name+"_out", name+"_in"
 	path = writeConfig(t, fmt.Sprintf("postgres:\n  url: %q\n  max_conns: 4\noutbox:\n  table: %s\ninbox:\n  table: %s\nobservability:\n  metrics_addr: 127.0.0.1:0\n  log_level: warn\n%s",
 		testenv.PostgresURL(), outbox, inbox, extra))
@@ -512,8 +513,10 @@ func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 				extra = fmt.Sprintf("redis:\n  addr: %s\n  stream_prefix: %q\n", testenv.RedisAddr(), testenv.RedisPrefix(t))
 			}
 			path, _, _ := tablesConfig(t, extra)
+			prefix := "demo_" + broker + "_" + randomHex(4)
+			testenv.DropPostgresPrefix(t, prefix)
 			r := cli(t, context.Background(), "--config", path, "demo", "--broker", broker, "--orders", "6",
-				"--duplicates", "3", "--flaky-every", "3", "--table-prefix", "demo_"+broker+"_"+randomHex(4))
+				"--duplicates", "3", "--flaky-every", "3", "--table-prefix", prefix)
 			ok(t, r)
 			assert.Contains(t, r.stdout, "through the "+broker+" broker")
 			assert.Regexp(t, `written to the outbox\s+18\n`, r.stdout)

@@ -78,6 +78,7 @@ func TestRelay_ExportsItsSpansOverOTLP(t *testing.T) {
 	col, endpoint := newCollector(t)
 	prefix := testenv.RedisPrefix(t)
 	outbox := "cli_" + randomHex(6) + "_out"
+	testenv.DropPostgresPrefix(t, outbox)
 	path := writeConfig(t, fmt.Sprintf(`postgres:
   url: %q
   max_conns: 4

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,3 +99,39 @@ func NewTracedPostgresPool(tb testing.TB, maxConns int32, tracer pgx.QueryTracer
 	tb.Cleanup(pool.Close)
 	return pool
 }
+
+// DropPostgresPrefix drops, when the test ends, every table and function
+// of the public schema whose name starts with prefix, and their rows in
+// omnibus_schema_migrations: for tests that run something (the CLI, the
+// demo) that makes its own tables under names the test chose. prefix must
+// be at least 8 characters, so it cannot match another test's objects.
+func DropPostgresPrefix(t testing.TB, prefix string) {
+	t.Helper()
+	if len(prefix) < 8 {
+		t.Fatalf("DropPostgresPrefix: prefix %q is too short to be the test's own", prefix)
+	}
+	t.Cleanup(func() {
+		pool := Postgres(t)
+		_, err := pool.Exec(context.Background(), `
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND starts_with(tablename, `+quoteLiteral(prefix)+`) LOOP
+        EXECUTE format('DROP TABLE IF EXISTS public.%I CASCADE', r.tablename);
+    END LOOP;
+    FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'public' AND starts_with(p.proname, `+quoteLiteral(prefix)+`) LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', r.fn);
+    END LOOP;
+    IF to_regclass('public.omnibus_schema_migrations') IS NOT NULL THEN
+        DELETE FROM public.omnibus_schema_migrations WHERE starts_with(table_name, `+quoteLiteral(prefix)+`);
+    END IF;
+END $$`)
+		if err != nil {
+			t.Errorf("drop the test's tables %s*: %v", prefix, err)
+		}
+	})
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
