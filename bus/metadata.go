@@ -66,3 +66,37 @@ func CausedBy(msg, cause *message.Message) {
 	SetCorrelationID(msg, corr)
 	SetCausationID(msg, EventID(cause))
 }
+
+// Dead-letter metadata: every dead letter omnibus writes carries these keys,
+// whichever transport (Kafka headers, Redis fields) or middleware wrote it,
+// so a dead letter reads the same whichever way it came. Writers add keys of
+// their own under DeadLetterPrefix, and drop every key under it that an
+// earlier dead-lettering left before adding theirs.
+const (
+	// DeadLetterPrefix starts every dead-letter key.
+	DeadLetterPrefix = "omnibus_dead_letter_"
+	// KeyDeadLetterReason is DeadLetterReasonGaveUp or DeadLetterReasonUndecodable
+	// (transports only; middleware.DeadLetter writes only given-up messages).
+	KeyDeadLetterReason = DeadLetterPrefix + "reason"
+	// KeyDeadLetterError is the error text (at most MaxDeadLetterErrorBytes).
+	KeyDeadLetterError = DeadLetterPrefix + "error"
+	// KeyDeadLetterClass is the failure class: counted, transient or permanent.
+	KeyDeadLetterClass = DeadLetterPrefix + "class"
+	// KeyDeadLetterAttempts is the number of attempts spent.
+	KeyDeadLetterAttempts = DeadLetterPrefix + "attempts"
+	// KeyDeadLetterTopic is the topic the message was received from.
+	KeyDeadLetterTopic = DeadLetterPrefix + "topic"
+	// KeyDeadLetterGroup is the consumer group that gave up.
+	KeyDeadLetterGroup = DeadLetterPrefix + "consumer_group"
+	// KeyDeadLetterAt is when it was dead-lettered, RFC 3339 in UTC.
+	KeyDeadLetterAt = DeadLetterPrefix + "at"
+
+	// DeadLetterReasonGaveUp: a handler failure settled with GiveUp (the
+	// budget ran out, or the failure was permanent).
+	DeadLetterReasonGaveUp = "gave_up"
+	// DeadLetterReasonUndecodable: the transport could not decode the message.
+	DeadLetterReasonUndecodable = "undecodable"
+
+	// MaxDeadLetterErrorBytes bounds the error text kept in a dead letter.
+	MaxDeadLetterErrorBytes = 4096
+)

@@ -20,23 +20,23 @@ import (
 // of the same names.
 const (
 	// MetaDeadLetterError is the error text (at most MaxDeadLetterErrorBytes).
-	MetaDeadLetterError = "omnibus_dead_letter_error"
+	MetaDeadLetterError = bus.KeyDeadLetterError
 	// MetaDeadLetterClass is the failure class: counted or permanent.
-	MetaDeadLetterClass = "omnibus_dead_letter_class"
+	MetaDeadLetterClass = bus.KeyDeadLetterClass
 	// MetaDeadLetterAttempts is the number of counted attempts spent,
 	// including the last one when it was counted; empty when the message
 	// carried no bus.Delivery.
-	MetaDeadLetterAttempts = "omnibus_dead_letter_attempts"
+	MetaDeadLetterAttempts = bus.KeyDeadLetterAttempts
 	// MetaDeadLetterTopic is the topic the message was received from.
-	MetaDeadLetterTopic = "omnibus_dead_letter_topic"
+	MetaDeadLetterTopic = bus.KeyDeadLetterTopic
 	// MetaDeadLetterHandler is the Watermill handler that gave up on it.
-	MetaDeadLetterHandler = "omnibus_dead_letter_handler"
+	MetaDeadLetterHandler = bus.DeadLetterPrefix + "handler"
 	// MetaDeadLetterAt is when it was dead-lettered, RFC 3339 in UTC.
-	MetaDeadLetterAt = "omnibus_dead_letter_at"
+	MetaDeadLetterAt = bus.KeyDeadLetterAt
 )
 
 // MaxDeadLetterErrorBytes bounds the error text kept in a dead letter.
-const MaxDeadLetterErrorBytes = 4096
+const MaxDeadLetterErrorBytes = bus.MaxDeadLetterErrorBytes
 
 // DefaultDeadLetterRetryDelay is how long a message whose dead letter could
 // not be published waits before it is tried again.
@@ -160,7 +160,7 @@ func (d *DeadLetter) letter(msg *message.Message, st bus.Settlement, err error) 
 	letter := msg.Copy()
 	letter.SetContext(msg.Context())
 	for k := range letter.Metadata {
-		if strings.HasPrefix(k, "omnibus_dead_letter_") {
+		if strings.HasPrefix(k, bus.DeadLetterPrefix) {
 			delete(letter.Metadata, k) // a letter dead-lettered again says why this time
 		}
 	}

@@ -14,32 +14,32 @@ import (
 // headers; these say why and where it came from.
 const (
 	// HeaderDeadLetterReason is DeadLetterReasonGaveUp or DeadLetterReasonUndecodable.
-	HeaderDeadLetterReason = "omnibus_dead_letter_reason"
+	HeaderDeadLetterReason = bus.KeyDeadLetterReason
 	// HeaderDeadLetterError is the error text (at most MaxDeadLetterErrorBytes).
-	HeaderDeadLetterError = "omnibus_dead_letter_error"
+	HeaderDeadLetterError = bus.KeyDeadLetterError
 	// HeaderDeadLetterClass is the failure class: counted, transient or permanent.
-	HeaderDeadLetterClass = "omnibus_dead_letter_class"
+	HeaderDeadLetterClass = bus.KeyDeadLetterClass
 	// HeaderDeadLetterAttempts is the number of counted attempts spent,
 	// including the last failure when it was counted.
-	HeaderDeadLetterAttempts = "omnibus_dead_letter_attempts"
+	HeaderDeadLetterAttempts = bus.KeyDeadLetterAttempts
 	// HeaderDeadLetterTopic, HeaderDeadLetterPartition and
 	// HeaderDeadLetterOffset locate the original record.
-	HeaderDeadLetterTopic     = "omnibus_dead_letter_topic"
-	HeaderDeadLetterPartition = "omnibus_dead_letter_partition"
-	HeaderDeadLetterOffset    = "omnibus_dead_letter_offset"
+	HeaderDeadLetterTopic     = bus.KeyDeadLetterTopic
+	HeaderDeadLetterPartition = bus.DeadLetterPrefix + "partition"
+	HeaderDeadLetterOffset    = bus.DeadLetterPrefix + "offset"
 	// HeaderDeadLetterGroup is the consumer group that gave up.
-	HeaderDeadLetterGroup = "omnibus_dead_letter_consumer_group"
+	HeaderDeadLetterGroup = bus.KeyDeadLetterGroup
 	// HeaderDeadLetterAt is when it was dead-lettered, RFC 3339 in UTC.
-	HeaderDeadLetterAt = "omnibus_dead_letter_at"
+	HeaderDeadLetterAt = bus.KeyDeadLetterAt
 )
 
 // The values of HeaderDeadLetterReason.
 const (
 	// DeadLetterReasonGaveUp: a handler failure settled with GiveUp (the
 	// budget ran out, or the failure was permanent).
-	DeadLetterReasonGaveUp = "gave_up"
+	DeadLetterReasonGaveUp = bus.DeadLetterReasonGaveUp
 	// DeadLetterReasonUndecodable: the Marshaler could not decode the record.
-	DeadLetterReasonUndecodable = "undecodable"
+	DeadLetterReasonUndecodable = bus.DeadLetterReasonUndecodable
 )
 
 const (
@@ -48,7 +48,7 @@ const (
 )
 
 // MaxDeadLetterErrorBytes bounds the error text kept in a dead letter.
-const MaxDeadLetterErrorBytes = 4096
+const MaxDeadLetterErrorBytes = bus.MaxDeadLetterErrorBytes
 
 // DeadLetterTopicFor returns the dead-letter topic of topic under pattern
 // (a SubscriberConfig.DeadLetterTopic value), or "" when dead letters are off.
@@ -67,7 +67,7 @@ func DeadLetterTopicFor(pattern, topic string) string {
 func deadLetterRecord(rec *sarama.ConsumerMessage, dlq, group, reason, errText string, attempts int, class bus.Class) *sarama.ProducerMessage {
 	headers := make([]sarama.RecordHeader, 0, len(rec.Headers)+9)
 	for _, h := range rec.Headers {
-		if h == nil || strings.HasPrefix(string(h.Key), "omnibus_dead_letter_") {
+		if h == nil || strings.HasPrefix(string(h.Key), bus.DeadLetterPrefix) {
 			continue
 		}
 		headers = append(headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/omnibus-go/omnibus/bus"
 )
 
 // Field names written by DefaultMarshaler.
@@ -27,31 +29,31 @@ const (
 // dead letter reads the same whichever way it came.
 const (
 	// KeyDeadLetterReason is DeadLetterReasonGaveUp or DeadLetterReasonUndecodable.
-	KeyDeadLetterReason = "omnibus_dead_letter_reason"
+	KeyDeadLetterReason = bus.KeyDeadLetterReason
 	// KeyDeadLetterError is the error text.
-	KeyDeadLetterError = "omnibus_dead_letter_error"
+	KeyDeadLetterError = bus.KeyDeadLetterError
 	// KeyDeadLetterClass is the failure class: counted, transient or
 	// permanent (undecodable entries are permanent).
-	KeyDeadLetterClass = "omnibus_dead_letter_class"
+	KeyDeadLetterClass = bus.KeyDeadLetterClass
 	// KeyDeadLetterAttempts is the number of deliveries of the entry.
-	KeyDeadLetterAttempts = "omnibus_dead_letter_attempts"
+	KeyDeadLetterAttempts = bus.KeyDeadLetterAttempts
 	// KeyDeadLetterStream and KeyDeadLetterID locate the original entry.
-	KeyDeadLetterStream = "omnibus_dead_letter_stream"
-	KeyDeadLetterID     = "omnibus_dead_letter_id"
+	KeyDeadLetterStream = bus.DeadLetterPrefix + "stream"
+	KeyDeadLetterID     = bus.DeadLetterPrefix + "id"
 	// KeyDeadLetterGroup and KeyDeadLetterConsumer say who gave up on it.
-	KeyDeadLetterGroup    = "omnibus_dead_letter_consumer_group"
-	KeyDeadLetterConsumer = "omnibus_dead_letter_consumer"
+	KeyDeadLetterGroup    = bus.KeyDeadLetterGroup
+	KeyDeadLetterConsumer = bus.DeadLetterPrefix + "consumer"
 	// KeyDeadLetterAt is when it was dead-lettered (RFC 3339, UTC).
-	KeyDeadLetterAt = "omnibus_dead_letter_at"
+	KeyDeadLetterAt = bus.KeyDeadLetterAt
 )
 
 // The values of KeyDeadLetterReason.
 const (
 	// DeadLetterReasonGaveUp: a handler failure settled with GiveUp (the
 	// budget ran out, or the failure was permanent).
-	DeadLetterReasonGaveUp = "gave_up"
+	DeadLetterReasonGaveUp = bus.DeadLetterReasonGaveUp
 	// DeadLetterReasonUndecodable: the Marshaler could not decode the entry.
-	DeadLetterReasonUndecodable = "undecodable"
+	DeadLetterReasonUndecodable = bus.DeadLetterReasonUndecodable
 )
 
 // ErrUndecodable is wrapped by the errors a Marshaler returns for an entry

@@ -580,7 +580,7 @@ func (sub *subscription) writeDeadLetter(id string, fields map[string]any, reaso
 	}
 	values := make([]any, 0, 2*len(fields)+18)
 	for _, k := range slices.Sorted(maps.Keys(fields)) {
-		if strings.HasPrefix(k, FieldMetadataPrefix+"omnibus_dead_letter_") {
+		if strings.HasPrefix(k, FieldMetadataPrefix+bus.DeadLetterPrefix) {
 			continue
 		}
 		values = append(values, k, fields[k])
