@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -52,6 +53,9 @@ type fetchResult struct {
 	units []unit
 	idle  []laneKey
 	lanes int // lanes leased in all
+	// cut are rows leased by the fetch but not handed out: a row before
+	// them in their run failed the lock-time re-check. Release them.
+	cut []int64
 }
 
 // settleOp is the settlement of one row.
@@ -76,43 +80,159 @@ type engine struct {
 	block  bool // FailedBlock policy
 }
 
+// fetch leases up to lanes ready keys and loose unkeyed rows and hands out
+// their runs. See queries.leaseLanes and queries.pick for the rules; the two
+// statements run in one transaction so that the lanes' locks are held when
+// pick takes its snapshot.
 func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fetchResult, error) {
-	var topicArg *string
-	if topic != AllTopics {
-		topicArg = &topic
+	topicArg := topicParam(topic)
+	return e.inTx(ctx, func(tx pgx.Tx) ([]laneKey, error) {
+		if lanes == 0 {
+			return nil, nil
+		}
+		rows, err := tx.Query(ctx, e.q.leaseLanes, e.worker, e.lease, lanes, topicArg, e.group)
+		if err != nil {
+			return nil, err
+		}
+		return scanLanes(rows)
+	}, topicArg, loose)
+}
+
+// turn waits, at most wait, for a turn on a lane that writers have kept
+// locked: it closes the lane's gate (committed at once, so new writers see
+// it and queue), then takes the lane's advisory lock and its row lock, both
+// waiting, and leases it. A lane that is still held when wait runs out is
+// left gated and yields nothing (ok false); a lane that another relay leased
+// meanwhile yields nothing either.
+func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res fetchResult, ok bool, err error) {
+	g, t, kk := laneArrays([]laneKey{k})
+	timeout := fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, e.q.gateLanes, g, t, kk)
+		return err
+	})
+	if err != nil {
+		if isLockTimeout(err) {
+			return fetchResult{}, false, nil
+		}
+		return fetchResult{}, false, fmt.Errorf("close the gate of a lane of %q: %w", e.q.table, err)
 	}
-	rows, err := e.pool.Query(ctx, e.q.fetch, e.worker, e.lease, lanes, e.run, loose, topicArg, e.group, e.block)
+	res, err = e.inTx(ctx, func(tx pgx.Tx) ([]laneKey, error) {
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, e.q.laneLock, k.group, k.topic, k.key); err != nil {
+			return nil, err
+		}
+		rows, err := tx.Query(ctx, e.q.leaseLane, e.worker, e.lease, k.group, k.topic, k.key)
+		if err != nil {
+			return nil, err
+		}
+		return scanLanes(rows)
+	}, nil, 0)
+	if err != nil {
+		if isLockTimeout(err) {
+			return fetchResult{}, false, nil
+		}
+		return fetchResult{}, false, err
+	}
+	return res, true, nil
+}
+
+// starved lists up to n lanes that have been ready and free for at least
+// age without being leased: writers are keeping them locked.
+func (e *engine) starved(ctx context.Context, topic string, age time.Duration, n int) ([]laneKey, error) {
+	rows, err := e.pool.Query(ctx, e.q.starved, age, topicParam(topic), e.group, n)
+	if err != nil {
+		return nil, fmt.Errorf("look for starved lanes of %q: %w", e.q.table, err)
+	}
+	lanes, err := scanLanes(rows)
+	if err != nil {
+		return nil, fmt.Errorf("look for starved lanes of %q: %w", e.q.table, err)
+	}
+	return lanes, nil
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+func topicParam(topic string) *string {
+	if topic == AllTopics {
+		return nil
+	}
+	return &topic
+}
+
+// inTx runs lease (which leases lanes) and then the pick statement over the
+// lanes it returned and up to loose unkeyed rows, in one transaction.
+func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]laneKey, error), topicArg *string, loose int) (fetchResult, error) {
+	var res fetchResult
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		leased, err := lease(tx)
+		if err != nil {
+			return err
+		}
+		res = fetchResult{lanes: len(leased)}
+		if len(leased) == 0 && loose == 0 {
+			return nil
+		}
+		g, t, k := laneArrays(leased)
+		rows, err := tx.Query(ctx, e.q.pick, e.worker, e.lease, g, t, k, e.run, loose, topicArg, e.group, e.block)
+		if err != nil {
+			return err
+		}
+		if err := e.scanPicked(rows, &res); err != nil {
+			return err
+		}
+		res.idle = res.idle[:0]
+		for _, l := range leased {
+			if !res.has(l) {
+				res.idle = append(res.idle, l)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return fetchResult{}, fmt.Errorf("fetch from %q: %w", e.q.table, err)
 	}
-	defer rows.Close()
+	return res, nil
+}
 
-	var (
-		res    fetchResult
-		byLane = map[laneKey]int{} // index into res.units
-		leased []laneKey
-	)
+func (r *fetchResult) has(k laneKey) bool {
+	for _, u := range r.units {
+		if u.lane != nil && *u.lane == k {
+			return true
+		}
+	}
+	return false
+}
+
+// scanPicked reads pick's rows into units; rows whose run was cut by the
+// lock-time re-check go to res.cut, to be released.
+func (e *engine) scanPicked(rows pgx.Rows, res *fetchResult) error {
+	defer rows.Close()
+	byLane := map[laneKey]int{} // index into res.units
 	for rows.Next() {
 		var (
-			isLane  bool
-			id      *int64
-			eventID *string
+			ok      bool
 			r       row
 			meta    []byte
-			att     *int
-			maxAtt  *int
-			created *time.Time
-			group   *string
+			eventID *string // NULL in an inbox row whose message id is not a UUID
 		)
-		if err := rows.Scan(&isLane, &id, &eventID, &r.topic, &r.partitionKey, &r.eventType, &r.payload, &meta,
-			&att, &maxAtt, &created, &group); err != nil {
-			return fetchResult{}, fmt.Errorf("fetch from %q: scan: %w", e.q.table, err)
+		if err := rows.Scan(&ok, &r.id, &eventID, &r.topic, &r.partitionKey, &r.eventType, &r.payload, &meta,
+			&r.attempts, &r.maxAttempts, &r.createdAt); err != nil {
+			return fmt.Errorf("scan: %w", err)
 		}
-		if isLane {
-			leased = append(leased, laneKey{group: deref(group), topic: r.topic, key: deref(r.partitionKey)})
+		if !ok {
+			res.cut = append(res.cut, r.id)
 			continue
 		}
-		r.id, r.eventID, r.attempts, r.maxAttempts, r.createdAt = *id, deref(eventID), *att, *maxAtt, *created
+		r.eventID = deref(eventID)
 		if len(meta) > 0 {
 			if err := json.Unmarshal(meta, &r.metadata); err != nil {
 				// A row whose metadata is not a JSON object of strings was not
@@ -134,19 +254,13 @@ func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fet
 		res.units = append(res.units, unit{lane: &lk, rows: []row{r}})
 	}
 	if err := rows.Err(); err != nil {
-		return fetchResult{}, fmt.Errorf("fetch from %q: %w", e.q.table, err)
-	}
-	res.lanes = len(leased)
-	for _, k := range leased {
-		if _, ok := byLane[k]; !ok {
-			res.idle = append(res.idle, k)
-		}
+		return err
 	}
 	// RETURNING gives no order; a run must go out in id order.
 	for i := range res.units {
 		sortRows(res.units[i].rows)
 	}
-	return res, nil
+	return nil
 }
 
 func sortRows(rs []row) {

@@ -84,6 +84,9 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 		ops   []settleOp
 		lanes = append([]laneKey(nil), res.idle...)
 	)
+	for _, id := range res.cut {
+		ops = append(ops, settleOp{id: id, op: 'r'})
+	}
 	for _, u := range res.units {
 		for i, r := range u.rows {
 			out = append(out, r)

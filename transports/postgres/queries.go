@@ -13,7 +13,12 @@ type queries struct {
 
 	insertOutbox string
 	insertInbox  string
-	fetch        string
+	leaseLanes   string
+	pick         string
+	gateLanes    string
+	laneLock     string
+	leaseLane    string
+	starved      string
 	settle       string
 	lockLanes    string
 	ownedLanes   string
@@ -37,18 +42,11 @@ func newQueries(t tableName, inbox bool) *queries {
 		"{COLS}", rowColumns,
 	)
 	// {G} restricts a row alias to the lane's consumer group (inbox only);
-	// {GP} restricts to the group parameter $7.
 	g := func(alias, lane string) string {
 		if !inbox {
 			return ""
 		}
 		return " AND " + alias + ".consumer_group = " + lane + ".consumer_group"
-	}
-	gp := func(alias string) string {
-		if !inbox {
-			return ""
-		}
-		return " AND " + alias + ".consumer_group = $7"
 	}
 	build := func(s string, kv ...string) string {
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -74,29 +72,51 @@ ORDER BY u.ord
 ON CONFLICT (message_id, consumer_group) DO NOTHING
 RETURNING message_id`)
 
-	// The fetch. One autocommit statement:
-	//  lane:  lease up to $3 ready lanes (keys), oldest ready first, skipping
-	//         lanes another relay is locking.
-	//  line:  for each lane, the first $4 rows that are "in line" (due, leased,
+	// The fetch is two statements in one short transaction (engine.fetch):
+	//
+	// leaseLanes leases up to $3 ready lanes (keys), oldest ready first. It
+	// locks them FOR UPDATE SKIP LOCKED, which conflicts with the KEY SHARE
+	// lock every writer of a key holds on its lane from before its rows get
+	// their ids until it commits: a lane with a writer in flight is skipped,
+	// so no row of a key is handed out while a row with a smaller id may
+	// still commit (DESIGN §4.3 rule 6). The lock is held until the fetch
+	// commits, so pick, a later statement with a later snapshot, sees every
+	// row of those keys that will ever have a smaller id than the rows it
+	// hands out.
+	q.leaseLanes = build(`
+UPDATE {L} l
+SET locked_by = $1, locked_until = now() + $2::interval, gated = false
+FROM (
+    SELECT c.consumer_group, c.topic, c.partition_key
+    FROM {L} c
+    WHERE c.ready_at <= now()
+      AND (c.locked_until IS NULL OR c.locked_until < now())
+      AND ($4::text IS NULL OR c.topic = $4)
+      AND c.consumer_group = $5 -- outbox lanes all belong to the group ''
+    ORDER BY c.ready_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+) c
+WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+RETURNING l.consumer_group, l.topic, l.partition_key`)
+
+	// pick chooses and leases the rows of the lanes leaseLanes returned
+	// ($3..$5) and up to $7 unkeyed rows:
+	//  line:  for each lane, the first $6 rows that are "in line" (due, leased,
 	//         or tried and waiting), in id order. Delayed rows never tried are
-	//         not in line and hold nothing back. With the Block policy ($8)
+	//         not in line and hold nothing back. With the Block policy ($10)
 	//         a failed row holds back every later row of its key.
 	//  run:   the longest prefix of those rows that is deliverable now (due and
 	//         not leased): the key's head and the run behind it.
-	//  loose: up to $5 due unkeyed rows, straight from the table.
-	// Rows of runs and loose rows are leased to $1 for $2; so are the lanes,
-	// including lanes that yielded nothing, which the caller reconciles.
-	q.fetch = build(`
+	//  loose: up to $7 due unkeyed rows, locked FOR UPDATE SKIP LOCKED.
+	// picked leases them, re-checking at lock time that each row is still
+	// pending, due and free (a relay whose lease expired may settle a row
+	// between our snapshot and our lock). A run row that fails the re-check
+	// ends its run: ok is false for it and every row behind it, and the
+	// caller releases those it leased.
+	q.pick = build(`
 WITH lane AS (
-    SELECT l.ctid AS lane_ctid, l.consumer_group, l.topic, l.partition_key
-    FROM {L} l
-    WHERE l.ready_at <= now()
-      AND (l.locked_until IS NULL OR l.locked_until < now())
-      AND ($6::text IS NULL OR l.topic = $6)
-      AND l.consumer_group = $7 -- outbox lanes all belong to the group ''
-    ORDER BY l.ready_at
-    LIMIT $3
-    FOR NO KEY UPDATE SKIP LOCKED
+    SELECT * FROM unnest($3::text[], $4::text[], $5::text[]) AS k(consumer_group, topic, partition_key)
 ), line AS (
     SELECT lane.topic, lane.partition_key, r.id, r.deliverable
     FROM lane CROSS JOIN LATERAL (
@@ -106,16 +126,17 @@ WITH lane AS (
         WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
           AND t.status = 'pending'
           AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-          AND NOT ($8::boolean AND EXISTS (
+          AND NOT ($10::boolean AND EXISTS (
               SELECT 1 FROM {T} f
               WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
                 AND f.status = 'failed' AND f.id < t.id))
         ORDER BY t.id
-        LIMIT $4
+        LIMIT $6
     ) r
 ), run AS (
-    SELECT id FROM (
-        SELECT id, bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok
+    SELECT id, topic, partition_key FROM (
+        SELECT id, topic, partition_key,
+               bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok
         FROM line
     ) x
     WHERE ok
@@ -124,32 +145,69 @@ WITH lane AS (
     FROM {T} t
     WHERE t.status = 'pending' AND t.partition_key IS NULL AND t.scheduled_at <= now()
       AND (t.locked_until IS NULL OR t.locked_until < now())
-      AND ($6::text IS NULL OR t.topic = $6){GP_T}
+      AND ($8::text IS NULL OR t.topic = $8){GP_T}
     ORDER BY t.scheduled_at, t.id
-    LIMIT $5
+    LIMIT $7
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     UPDATE {T} t
     SET locked_by = $1, locked_until = now() + $2::interval
     WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
+      AND t.status = 'pending' AND t.scheduled_at <= now()
+      AND (t.locked_until IS NULL OR t.locked_until < now())
     RETURNING t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
               t.attempts, t.max_attempts, t.created_at
-), leased AS (
-    UPDATE {L} l
-    SET locked_by = $1, locked_until = now() + $2::interval
-    WHERE l.ctid = ANY(ARRAY(SELECT lane_ctid FROM lane))
-    RETURNING l.consumer_group, l.topic, l.partition_key
+), handed AS (
+    SELECT r.id, bool_and(p.id IS NOT NULL) OVER (PARTITION BY r.topic, r.partition_key ORDER BY r.id) AS ok
+    FROM run r LEFT JOIN picked p ON p.id = r.id
 )
-SELECT false AS is_lane, id, event_id, topic, partition_key, event_type, payload, metadata,
-       attempts, max_attempts, created_at, NULL::text AS consumer_group
-FROM picked
-UNION ALL
-SELECT true, NULL, NULL, topic, partition_key, NULL, NULL, NULL, NULL, NULL, NULL, consumer_group
-FROM leased`,
+SELECT COALESCE(h.ok, true) AS ok, p.id, p.event_id, p.topic, p.partition_key, p.event_type, p.payload, p.metadata,
+       p.attempts, p.max_attempts, p.created_at
+FROM picked p LEFT JOIN handed h ON h.id = p.id`,
 		"{G_T}", g("t", "lane"),
 		"{G_F}", g("f", "lane"),
-		"{GP_T}", gp("t"),
+		"{GP_T}", gpN("t", "$9", inbox),
 	)
+
+	// A relay waits its turn on a lane that writers never leave free (a hot
+	// key with overlapping writers, where SKIP LOCKED would skip it forever):
+	// it closes the lane's gate, so writers arriving from then on queue on
+	// the lane's advisory lock (lanes.gated, see the lane trigger), takes
+	// that lock exclusively, and waits, with a lock timeout, for the writers
+	// that came before the gate. Then it leases the lane as leaseLanes does.
+	q.gateLanes = build(`
+UPDATE {L} l SET gated = true
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
+WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+  AND NOT l.gated`)
+
+	q.laneLock = build(`SELECT pg_advisory_xact_lock(` + laneLockKey(t, "$1", "$2", "$3") + `)`)
+
+	q.leaseLane = build(`
+UPDATE {L} l
+SET locked_by = $1, locked_until = now() + $2::interval, gated = false
+FROM (
+    SELECT c.consumer_group, c.topic, c.partition_key
+    FROM {L} c
+    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
+      AND c.ready_at <= now()
+      AND (c.locked_until IS NULL OR c.locked_until < now())
+    FOR UPDATE
+) c
+WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+RETURNING l.consumer_group, l.topic, l.partition_key`)
+
+	// starved lists lanes that have been ready and free for $1 without any
+	// relay leasing them: writers are holding them.
+	q.starved = build(`
+SELECT l.consumer_group, l.topic, l.partition_key
+FROM {L} l
+WHERE l.ready_at <= now() - $1::interval
+  AND (l.locked_until IS NULL OR l.locked_until < now())
+  AND ($2::text IS NULL OR l.topic = $2)
+  AND l.consumer_group = $3
+ORDER BY l.ready_at
+LIMIT $4`)
 
 	// Settlement of many rows in one statement, guarded by the lease so a
 	// worker whose lease was taken over never clobbers the new holder's row.
@@ -327,6 +385,23 @@ ON CONFLICT DO NOTHING`,
 	)
 
 	return q
+}
+
+// gpN restricts a row alias to the consumer group parameter p (inbox only).
+func gpN(alias, p string, inbox bool) string {
+	if !inbox {
+		return " AND " + p + "::text = ''" // outbox rows all belong to the group ''
+	}
+	return " AND " + alias + ".consumer_group = " + p
+}
+
+// laneLockKey is the advisory lock key of a lane: the lane trigger (writers,
+// shared, only while the lane is gated) and the relays waiting their turn
+// (exclusive) compute it the same way. Collisions only make a writer wait
+// for an unrelated relay's turn.
+func laneLockKey(t tableName, g, topic, key string) string {
+	lit := "'" + strings.ReplaceAll(t.String(), "'", "''") + "'"
+	return "hashtextextended(" + lit + " || '|' || " + g + " || '|' || " + topic + " || '|' || " + key + ", 0)"
 }
 
 // gk restricts rows aliased t to the group of the lanes aliased k (inbox only).

@@ -111,6 +111,13 @@ func (d templateData) Table() string                  { return d.t.quoted() }
 func (d templateData) Lanes() string                  { return d.t.derived("_lanes").quoted() }
 func (d templateData) Ident(suffix string) string     { return d.t.ident(suffix) }
 func (d templateData) Qualified(suffix string) string { return d.t.qualifiedIdent(suffix) }
+func (d templateData) TableLiteral() string {
+	return "'" + strings.ReplaceAll(d.t.quoted(), "'", "''") + "'"
+}
+
+// LaneLockKey is the advisory lock key of the lane of (g, topic, key).
+func (d templateData) LaneLockKey(g, topic, key string) string { return laneLockKey(d.t, g, topic, key) }
+
 func (d templateData) ChannelLiteral() string {
 	return "'" + strings.ReplaceAll(d.t.channel(), "'", "''") + "'"
 }

@@ -217,7 +217,15 @@ func TestFetch_QueryPlanUsesIndexes(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE `+tbl+`; ANALYZE `+ob.q.table.derived("_lanes").quoted())
 	require.NoError(t, err)
 	var topic *string
-	rows, err := pool.Query(ctx, "EXPLAIN "+ob.q.fetch, "w", time.Second, 100, 16, 100, topic, "", false)
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	g, tp := make([]string, 100), make([]string, 100)
+	for i := range tp {
+		tp[i] = "t"
+	}
+	rows, err := pool.Query(ctx, "EXPLAIN "+ob.q.pick, "w", time.Second, g, tp, keys, 16, 100, topic, "", false)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -64,6 +64,7 @@ func (sub *subscription) run(parent context.Context) {
 
 	log := s.log.With("topic", sub.topic)
 	failures := 0
+	turns := turnState{backoff: map[laneKey]laneBackoff{}}
 	for ctx.Err() == nil {
 		free := s.cfg.MaxInFlight - int(sub.active.Load())
 		if free <= 0 {
@@ -90,22 +91,12 @@ func (sub *subscription) run(parent context.Context) {
 			continue
 		}
 		failures = 0
-		loose := 0
-		for _, u := range res.units {
-			if u.lane == nil {
-				loose++
-			}
-			s.tracked.add(u)
-			sub.active.Add(1)
-			sub.units.Add(1)
-			go sub.deliver(context.WithoutCancel(parent), ctx, u)
-		}
-		for _, k := range res.idle {
-			s.tracked.addLane(k)
-			s.flush.lane(k)
-		}
+		loose := sub.start(parent, ctx, res)
 		if res.lanes >= n || loose >= n {
 			continue // there is probably more; fetch again at once
+		}
+		if len(res.units) < free {
+			sub.takeTurn(parent, ctx, &turns)
 		}
 		select {
 		case <-ctx.Done():
@@ -116,6 +107,97 @@ func (sub *subscription) run(parent context.Context) {
 	}
 	sub.units.Wait()
 	close(sub.out)
+}
+
+// start hands out the units of a fetch, releases the rows it cut and gives
+// back the lanes that yielded nothing. It returns the unkeyed units started.
+func (sub *subscription) start(parent, ctx context.Context, res fetchResult) (loose int) {
+	s := sub.s
+	for _, u := range res.units {
+		if u.lane == nil {
+			loose++
+		}
+		s.tracked.add(u)
+		sub.active.Add(1)
+		sub.units.Add(1)
+		go sub.deliver(context.WithoutCancel(parent), ctx, u)
+	}
+	for _, id := range res.cut {
+		s.flush.settle(settleOp{id: id, op: 'r'})
+	}
+	for _, k := range res.idle {
+		s.tracked.addLane(k)
+		s.flush.lane(k)
+	}
+	return loose
+}
+
+// How a relay waits its turn on a lane that writers keep locked (a hot key
+// with overlapping writers, or a writer idle in its transaction): a lane
+// ready and free for starveAfter without being leased is starved; at most
+// every starveAfter the relay takes a turn on one starved lane, waiting up to
+// turnWait for the writers that hold it. A lane whose wait ran out is not
+// tried again before a backoff that doubles up to maxTurnBackoff, so a
+// writer idle in its transaction costs a bounded number of statements.
+const (
+	starveAfter    = 50 * time.Millisecond
+	turnWait       = 100 * time.Millisecond
+	maxTurnBackoff = 5 * time.Second
+)
+
+type laneBackoff struct {
+	until    time.Time
+	failures int
+}
+
+type turnState struct {
+	last    time.Time
+	backoff map[laneKey]laneBackoff
+}
+
+// takeTurn looks for a starved lane and, if one is due, waits its turn on it.
+func (sub *subscription) takeTurn(parent, ctx context.Context, ts *turnState) {
+	s := sub.s
+	now := time.Now()
+	if now.Sub(ts.last) < starveAfter {
+		return
+	}
+	ts.last = now
+	lanes, err := s.eng.starved(ctx, sub.topic, starveAfter, 8)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("omnibus: looking for starved lanes failed", "error", err)
+		}
+		return
+	}
+	for k, b := range ts.backoff {
+		if now.After(b.until.Add(maxTurnBackoff)) {
+			delete(ts.backoff, k) // not seen starving for a while
+		}
+	}
+	for _, k := range lanes {
+		b := ts.backoff[k]
+		if now.Before(b.until) {
+			continue
+		}
+		res, ok, err := s.eng.turn(ctx, k, turnWait)
+		s.observeFetch(res, time.Since(now), err)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				s.log.Warn("omnibus: waiting for a turn on a lane failed", "error", err, "topic", k.topic)
+			}
+		case !ok:
+			b.failures++
+			b.until = time.Now().Add(min(turnWait<<min(b.failures, 10), maxTurnBackoff))
+			ts.backoff[k] = b
+			s.log.Debug("omnibus: a writer holds the lane; waiting", "topic", k.topic, "failures", b.failures)
+		default:
+			delete(ts.backoff, k)
+			sub.start(parent, ctx, res)
+		}
+		return
+	}
 }
 
 // outcome of one emitted message.

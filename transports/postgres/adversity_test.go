@@ -1,0 +1,330 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+// Tests written by an impolite user: writers that interleave on one key
+// without any mutex, relays that race each other, leases that run out.
+
+// r1 committed; writer A inserts r2 and stays open; writer B inserts r3 and
+// commits. r3 must not be delivered before r2: the key waits for A.
+func TestOrder_UncommittedWriterHoldsItsKeyBack(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	e := testEngine(pool, ob, "relay", 16)
+	enqueue(t, pool, ob, "t", event("k", "r1"))
+
+	a, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = a.Rollback(ctx) }()
+	require.NoError(t, ob.Enqueue(ctx, a, "t", event("k", "r2")))
+	enqueue(t, pool, ob, "t", event("k", "r3"), event("other", "o1"))
+
+	got := payloads(cycle(t, e, 100, nil))
+	assert.Equal(t, []string{"o1"}, got,
+		"while writer A (r2) is open, nothing of its key may go out (r3 has a higher id than r2); other keys flow")
+
+	require.NoError(t, a.Commit(ctx))
+	assert.Equal(t, []string{"r1", "r2", "r3"}, payloads(cycle(t, e, 100, nil)),
+		"after A commits, the key drains in id order")
+}
+
+// A writer that rolls back leaves a gap that must not hold the key.
+func TestOrder_RolledBackWriterReleasesItsKey(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	e := testEngine(pool, ob, "relay", 16)
+	enqueue(t, pool, ob, "t", event("k", "r1"))
+	a, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, a, "t", event("k", "gone")))
+	enqueue(t, pool, ob, "t", event("k", "r3"))
+	assert.Empty(t, cycle(t, e, 100, nil), "the key waits for the open writer")
+	require.NoError(t, a.Rollback(ctx))
+	assert.Equal(t, []string{"r1", "r3"}, payloads(cycle(t, e, 100, nil)))
+}
+
+// A long transaction that touches no outbox key holds back nothing.
+func TestOrder_UnrelatedLongTransactionHoldsNothingBack(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	e := testEngine(pool, ob, "relay", 16)
+	long, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback(ctx) }()
+	// It has an xid and an open snapshot, as a long report or migration would.
+	_, err = long.Exec(ctx, `CREATE TEMP TABLE busy (x int); INSERT INTO busy VALUES (1)`)
+	require.NoError(t, err)
+	enqueue(t, pool, ob, "t", event("k", "r1"), event("k", "r2"), event("j", "j1"))
+	assert.Equal(t, []string{"j1", "r1", "r2"}, sortedPayloads(cycle(t, e, 100, nil)))
+}
+
+// Writers on a few keys with random think time inside their transactions
+// and random rollbacks, four relays, no mutex anywhere: first deliveries of
+// every key are in id order and nothing committed is lost.
+func TestOrder_InterleavedWritersAndFourRelays(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	interleavedWritersStand(t, pool, ob, standConfig{writers: 8, txs: 60, keys: 3, relays: 4})
+}
+
+type standConfig struct {
+	writers, txs, keys, relays int
+}
+
+func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg standConfig) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	table := ob.q.table.quoted()
+
+	var (
+		mu        sync.Mutex
+		delivered = map[int64]int{} // id → deliveries
+		firsts    = map[string][]int64{}
+	)
+	subs := make([]*Subscriber, cfg.relays)
+	for i := range subs {
+		s, err := NewSubscriber(pool, SubscriberConfig{
+			Table: ob.Table(), WorkerID: fmt.Sprintf("relay-%d", i), BatchSize: 10, RunLength: 4,
+			PollInterval: 20 * time.Millisecond, CloseTimeout: time.Second,
+		}, nil)
+		require.NoError(t, err)
+		subs[i] = s
+		ch, err := s.Subscribe(ctx, AllTopics)
+		require.NoError(t, err)
+		go func() {
+			for m := range ch {
+				d, _ := bus.DeliveryOf(m)
+				var id int64
+				_, _ = fmt.Sscan(d.ID, &id)
+				key := bus.PartitionKey(m)
+				mu.Lock()
+				if delivered[id] == 0 {
+					firsts[key] = append(firsts[key], id)
+				}
+				delivered[id]++
+				mu.Unlock()
+				if rand.IntN(20) == 0 {
+					time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+				}
+				m.Ack()
+			}
+		}()
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Close()
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for w := 0; w < cfg.writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < cfg.txs; i++ {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					for n := rand.IntN(3) + 1; n > 0; n-- {
+						k := fmt.Sprintf("k%d", rand.IntN(cfg.keys))
+						msg := event(k, "x")
+						if err := ob.Enqueue(ctx, tx, "t", msg); err != nil {
+							return err
+						}
+						// Think time inside the transaction, with the row inserted.
+						if _, err := tx.Exec(ctx, "SELECT pg_sleep($1)", rand.Float64()/100); err != nil {
+							return err
+						}
+					}
+					if rand.IntN(5) == 0 {
+						return errRollback
+					}
+					return nil
+				})
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+					// Two writers creating the lanes of new keys in opposite
+					// orders; the business transaction would be retried.
+					return
+				}
+				if err != nil && err != errRollback {
+					t.Errorf("writer: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	// Every committed row is delivered (the ids are the ground truth).
+	var committed []int64
+	rows, err := pool.Query(ctx, `SELECT id FROM `+table+` ORDER BY id`)
+	require.NoError(t, err)
+	committed, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	waitFor(t, "every committed row to be delivered", time.Minute, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range committed {
+			if delivered[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for key, ids := range firsts {
+		for i := 1; i < len(ids); i++ {
+			if ids[i] < ids[i-1] {
+				t.Errorf("key %s: first deliveries out of id order: %d after %d (all: %v)", key, ids[i], ids[i-1], ids)
+				break
+			}
+		}
+	}
+}
+
+var errRollback = fmt.Errorf("rollback on purpose")
+
+func sortedPayloads(rs []row) []string {
+	out := payloads(rs)
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && out[j] < out[j-1]; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+// Four engines fetch and settle concurrently (acks, retries due now,
+// transient failures) while writers add rows to the same keys, so lanes
+// change between any fetch's snapshot and its locks. No lease ever expires
+// here, so a row may never be handed out while another engine holds it
+// unsettled, and first deliveries of a key stay in id order.
+func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const keys, rowsPerKey = 8, 60
+
+	var (
+		mu      sync.Mutex
+		holder  = map[int64]string{} // row → engine holding it unsettled
+		firsts  = map[string][]int64{}
+		seen    = map[int64]bool{}
+		done    int
+		dupes   []string
+		written = make(chan struct{})
+	)
+	go func() {
+		defer close(written)
+		for i := 0; i < rowsPerKey; i++ {
+			msgs := make([]*message.Message, 0, keys)
+			for k := 0; k < keys; k++ {
+				msgs = append(msgs, event(fmt.Sprintf("k%d", k), fmt.Sprint(i)))
+			}
+			if err := ob.Enqueue(ctx, pool, "t", msgs...); err != nil {
+				t.Errorf("enqueue: %v", err)
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		e := testEngine(pool, ob, fmt.Sprintf("e%d", w), 4)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				mu.Lock()
+				finished := done == keys*rowsPerKey
+				mu.Unlock()
+				if finished {
+					return
+				}
+				res, err := e.fetch(ctx, AllTopics, 3, 0)
+				if err != nil {
+					t.Errorf("%s: fetch: %v", e.worker, err)
+					return
+				}
+				var ops []settleOp
+				lanes := append([]laneKey(nil), res.idle...)
+				mu.Lock()
+				for _, u := range res.units {
+					for i, r := range u.rows {
+						if h, ok := holder[r.id]; ok {
+							dupes = append(dupes, fmt.Sprintf("row %d handed to %s while %s holds it", r.id, e.worker, h))
+						}
+						holder[r.id] = e.worker
+						if !seen[r.id] {
+							seen[r.id] = true
+							firsts[u.lane.key] = append(firsts[u.lane.key], r.id)
+						}
+						if roll := rand.IntN(10); roll < 2 && i == 0 {
+							// A failure: retry now (counted) or transient.
+							now := time.Now()
+							ops = append(ops, settleOp{id: r.id, op: 'n', inc: roll, err: "boom", retryAt: &now})
+							for _, rest := range u.rows[1:] {
+								ops = append(ops, settleOp{id: rest.id, op: 'r'})
+							}
+							break
+						}
+						ops = append(ops, settleOp{id: r.id, op: 'a'})
+						done++
+					}
+					lanes = append(lanes, *u.lane)
+				}
+				mu.Unlock()
+				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+				// Settlement and give-back are written before the rows are
+				// forgotten: from here on another engine may take them.
+				if _, err := e.settle(ctx, ops); err != nil {
+					t.Errorf("%s: settle: %v", e.worker, err)
+					return
+				}
+				for len(lanes) > 0 && ctx.Err() == nil {
+					if lanes, _, err = e.reconcile(ctx, lanes); err != nil {
+						t.Errorf("%s: reconcile: %v", e.worker, err)
+						return
+					}
+				}
+				mu.Lock()
+				for _, o := range ops {
+					delete(holder, o.id)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	<-written
+	wg.Wait()
+	require.NoError(t, ctx.Err(), "the rows were not all delivered in time")
+	assert.Empty(t, dupes, "a fetch handed out rows it had not leased")
+	for key, ids := range firsts {
+		for i := 1; i < len(ids); i++ {
+			if ids[i] < ids[i-1] {
+				t.Errorf("key %s: first deliveries out of id order: %d after %d", key, ids[i], ids[i-1])
+				break
+			}
+		}
+	}
+}
