@@ -116,7 +116,9 @@ func (d templateData) TableLiteral() string {
 }
 
 // LaneLockKey is the advisory lock key of the lane of (g, topic, key).
-func (d templateData) LaneLockKey(g, topic, key string) string { return laneLockKey(d.t, g, topic, key) }
+func (d templateData) LaneLockKey(g, topic, key string) string {
+	return laneLockKey(d.t, g, topic, key)
+}
 
 func (d templateData) ChannelLiteral() string {
 	return "'" + strings.ReplaceAll(d.t.channel(), "'", "''") + "'"
