@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
 // Tests written by an impolite user: writers that interleave on one key
@@ -326,5 +328,121 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+type leaseRecorder struct {
+	mu   sync.Mutex
+	lost []LeaseLostInfo
+}
+
+func (r *leaseRecorder) ObserveFetch(FetchInfo)   {}
+func (r *leaseRecorder) ObserveSettle(SettleInfo) {}
+func (r *leaseRecorder) ObserveLeaseLost(l LeaseLostInfo) {
+	r.mu.Lock()
+	r.lost = append(r.lost, l)
+	r.mu.Unlock()
+}
+
+// A relay whose handler outlives its lease (a long GC pause, SIGSTOP) while
+// another relay takes the key must not deliver another row of that key.
+func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	enqueue(t, pool, ob, "t", event("k", "r1"), event("k", "r2"), event("k", "r3"))
+	rec := &leaseRecorder{}
+	s1, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), WorkerID: "first", Lease: time.Second, Observer: rec}, nil)
+	require.NoError(t, err)
+	defer s1.Close()
+	ch, err := s1.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+	first := next(t, ch)
+	require.Equal(t, "r1", string(first.Payload))
+
+	// The first relay's lease runs out (as if it had been stopped), and a
+	// second relay takes the key: r1, r2, r3 are now its.
+	_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
+		UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
+	require.NoError(t, err)
+	second := testEngine(pool, ob, "second", 16)
+	res, err := second.fetch(ctx, AllTopics, 10, 10)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	require.Equal(t, []string{"r1", "r2", "r3"}, payloads(res.units[0].rows), "the second relay took the key")
+
+	// The first relay's next renewal finds the key taken.
+	waitFor(t, "the first relay to notice", 5*time.Second, func() bool {
+		s1.tracked.mu.Lock()
+		defer s1.tracked.mu.Unlock()
+		l := s1.tracked.leases[laneKey{topic: "t", key: "k"}]
+		return l != nil && l.lost.Load()
+	})
+	first.Ack()
+	select {
+	case m := <-ch:
+		t.Fatalf("the first relay delivered %s after the second took its key", m.Payload)
+	case <-time.After(500 * time.Millisecond):
+	}
+	waitFor(t, "the lost lease to be reported", 5*time.Second, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.lost) == 1 && rec.lost[0].Rows == 2
+	})
+	// The first relay's ack of r1 was dropped: the row is the second's.
+	waitFor(t, "the first relay's settlement to be written (and dropped)", 5*time.Second, func() bool {
+		s := stateOf(t, pool, ob, "r1")
+		return s.status == "pending" && s.lockedBy != nil && *s.lockedBy == "second"
+	})
+}
+
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A writer idle in its transaction on a key with rows ready: the relay must
+// wait for it without spinning (on main, each give-back handed the lane back
+// "ready now" and woke the relays at once: 94-369 lane updates a second).
+func TestSubscriber_WriterIdleInTransactionDoesNotMakeRelaysSpin(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	counter := &statementCounter{}
+	relayPool := testenv.NewTracedPostgresPool(t, 4, counter)
+	enqueue(t, pool, ob, "t", event("k", "r1"))
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(ctx) }()
+	require.NoError(t, ob.Enqueue(ctx, writer, "t", event("k", "r2")))
+
+	s, err := NewSubscriber(relayPool, SubscriberConfig{Table: ob.Table(), DisableListen: true}, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	ch, err := s.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+
+	const window = 3 * time.Second
+	start := counter.n.Load()
+	select {
+	case m := <-ch:
+		t.Fatalf("delivered %s while a writer of its key is open", m.Payload)
+	case <-time.After(window):
+	}
+	n := counter.n.Load() - start
+	t.Logf("statements of one relay while a writer sits idle in its transaction on a ready key: %d in %s (%.1f/s)",
+		n, window, float64(n)/window.Seconds())
+	// Polling once a second, a fetch is 4 statements, the starved-lane check
+	// 1, a turn 9 with a backoff that doubles from 200 ms.
+	assert.LessOrEqual(t, n, int64(80), "the relay spins on a lane a writer holds")
+
+	require.NoError(t, writer.Commit(ctx))
+	for _, want := range []string{"r1", "r2"} {
+		m := next(t, ch)
+		assert.Equal(t, want, string(m.Payload))
+		m.Ack()
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,8 +43,33 @@ type row struct {
 // unit is what one fetch hands out for one key: the run of a lane, or a
 // single unkeyed row (lane nil).
 type unit struct {
-	lane *laneKey
-	rows []row
+	lane  *laneKey
+	rows  []row
+	lease *unitLease // keyed units only
+}
+
+// unitLease is what this worker knows of the lease of a unit's lane: until
+// when it is surely held (measured from before the statement that set it,
+// so never later than the database's locked_until), and whether renewal
+// found it held by another worker.
+type unitLease struct {
+	deadline atomic.Int64 // UnixNano
+	lost     atomic.Bool
+}
+
+func newUnitLease(from time.Time, d time.Duration) *unitLease {
+	l := &unitLease{}
+	l.renewed(from, d)
+	return l
+}
+
+func (l *unitLease) renewed(from time.Time, d time.Duration) {
+	l.deadline.Store(from.Add(d).UnixNano())
+}
+
+// held reports whether the lease is still surely this worker's at now.
+func (l *unitLease) held(now time.Time) bool {
+	return !l.lost.Load() && now.UnixNano() < l.deadline.Load()
 }
 
 // fetchResult is the outcome of one fetch: the units to deliver, and the
@@ -172,6 +198,7 @@ func topicParam(topic string) *string {
 // lanes it returned and up to loose unkeyed rows, in one transaction.
 func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]laneKey, error), topicArg *string, loose int) (fetchResult, error) {
 	var res fetchResult
+	start := time.Now()
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		leased, err := lease(tx)
 		if err != nil {
@@ -186,7 +213,7 @@ func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]laneKey, error)
 		if err != nil {
 			return err
 		}
-		if err := e.scanPicked(rows, &res); err != nil {
+		if err := e.scanPicked(rows, start, &res); err != nil {
 			return err
 		}
 		res.idle = res.idle[:0]
@@ -214,7 +241,7 @@ func (r *fetchResult) has(k laneKey) bool {
 
 // scanPicked reads pick's rows into units; rows whose run was cut by the
 // lock-time re-check go to res.cut, to be released.
-func (e *engine) scanPicked(rows pgx.Rows, res *fetchResult) error {
+func (e *engine) scanPicked(rows pgx.Rows, start time.Time, res *fetchResult) error {
 	defer rows.Close()
 	byLane := map[laneKey]int{} // index into res.units
 	for rows.Next() {
@@ -251,7 +278,7 @@ func (e *engine) scanPicked(rows pgx.Rows, res *fetchResult) error {
 		}
 		lk := k
 		byLane[k] = len(res.units)
-		res.units = append(res.units, unit{lane: &lk, rows: []row{r}})
+		res.units = append(res.units, unit{lane: &lk, rows: []row{r}, lease: newUnitLease(start, e.lease)})
 	}
 	if err := rows.Err(); err != nil {
 		return err
@@ -487,20 +514,56 @@ func (e *engine) recompute(ctx context.Context, tx pgx.Tx, lanes []laneKey, fina
 	return careful, readyNow, nil
 }
 
-// extend renews the leases of in-flight rows and of their lanes.
-func (e *engine) extend(ctx context.Context, ids []int64, lanes []laneKey) error {
+// extend renews the leases of in-flight rows and of their lanes. It
+// returns the lanes it renewed and the lanes it found held by another
+// worker (lost); lanes it skipped because a writer was locking them are in
+// neither and keep their old deadline.
+func (e *engine) extend(ctx context.Context, ids []int64, lanes []laneKey) (renewed, lost []laneKey, err error) {
 	if len(ids) > 0 {
 		if _, err := e.pool.Exec(ctx, e.q.extendRows, e.worker, e.lease, ids); err != nil {
-			return fmt.Errorf("extend leases of %d rows of %q: %w", len(ids), e.q.table, err)
+			return nil, nil, fmt.Errorf("extend leases of %d rows of %q: %w", len(ids), e.q.table, err)
 		}
 	}
-	if len(lanes) > 0 {
-		gs, ts, ks := laneArrays(lanes)
-		if _, err := e.pool.Exec(ctx, e.q.extendLanes, e.worker, e.lease, gs, ts, ks); err != nil {
-			return fmt.Errorf("extend leases of %d lanes of %q: %w", len(lanes), e.q.table, err)
+	if len(lanes) == 0 {
+		return nil, nil, nil
+	}
+	gs, ts, ks := laneArrays(lanes)
+	rows, err := e.pool.Query(ctx, e.q.extendLanes, e.worker, e.lease, gs, ts, ks)
+	if err == nil {
+		renewed, err = scanLanes(rows)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("extend leases of %d lanes of %q: %w", len(lanes), e.q.table, err)
+	}
+	if len(renewed) == len(lanes) {
+		return renewed, nil, nil
+	}
+	rest := minus(lanes, renewed)
+	rg, rt, rk := laneArrays(rest)
+	rows, err = e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
+	if err != nil {
+		return renewed, nil, fmt.Errorf("check lease of %d lanes of %q: %w", len(rest), e.q.table, err)
+	}
+	owned, err := scanLanes(rows)
+	if err != nil {
+		return renewed, nil, fmt.Errorf("check lease of %d lanes of %q: %w", len(rest), e.q.table, err)
+	}
+	return renewed, minus(rest, owned), nil
+}
+
+// minus returns the lanes of a that are not in b.
+func minus(a, b []laneKey) []laneKey {
+	in := make(map[laneKey]bool, len(b))
+	for _, k := range b {
+		in[k] = true
+	}
+	var out []laneKey
+	for _, k := range a {
+		if !in[k] {
+			out = append(out, k)
 		}
 	}
-	return nil
+	return out
 }
 
 // sweep recreates missing lanes and reports how many it created. It runs

@@ -43,6 +43,7 @@ func (f *flusher) run() {
 		timer    = time.NewTimer(time.Hour)
 		armed    bool
 		failures int
+		held     int // consecutive flushes that found lanes a writer holds
 	)
 	timer.Stop()
 	arm := func(d time.Duration) {
@@ -117,10 +118,14 @@ func (f *flusher) run() {
 				continue
 			}
 			failures = 0
-			if len(lanes) > 0 {
-				// A writer is holding some lanes; try again shortly.
-				arm(20 * time.Millisecond)
+			if len(lanes) == 0 {
+				held = 0
+				continue
 			}
+			// A writer is holding some lanes (it may sit idle in its
+			// transaction): try again, backing off up to a second.
+			held++
+			arm(min(20*time.Millisecond<<min(held-1, 6), time.Second))
 		case <-f.stop:
 			for drained := false; !drained; {
 				select {

@@ -46,6 +46,23 @@ type SettleInfo struct {
 	Err error
 }
 
+// LeaseObserver is told when a Subscriber finds that it lost the lease of a
+// key it was delivering (the lease ran out before it could be renewed, and
+// another worker may hold the key now): the run stops before its next row.
+// Metrics implements it; an Observer that does not is simply not told.
+type LeaseObserver interface {
+	ObserveLeaseLost(LeaseLostInfo)
+}
+
+// LeaseLostInfo describes one run stopped because its lease was lost.
+type LeaseLostInfo struct {
+	Table         string
+	ConsumerGroup string // "" for the outbox
+	Topic         string
+	// Rows is how many rows of the run were not delivered.
+	Rows int
+}
+
 // InboxObserver is told, for every inbox store, how many messages were new
 // and how many were duplicates (already stored for the consumer group).
 // Metrics implements it.
@@ -73,17 +90,19 @@ type StoreInfo struct {
 //	omnibus_postgres_settle_size_rows         histogram of settlements per batch
 //	omnibus_postgres_settle_duration_seconds  histogram of settlement statement time
 //	omnibus_postgres_settle_errors_total      failed settlement writes (retried)
+//	omnibus_postgres_leases_lost_total        runs stopped because their lease was lost
 //	omnibus_inbox_stored_messages_total       inbox stores by result: new, duplicate
 type Metrics struct {
 	fetchSize, fetchDuration   *prometheus.HistogramVec
 	settleSize, settleDuration *prometheus.HistogramVec
 	fetchErrors, settleErrors  *prometheus.CounterVec
-	stored                     *prometheus.CounterVec
+	stored, leasesLost         *prometheus.CounterVec
 }
 
 var (
 	_ Observer      = (*Metrics)(nil)
 	_ InboxObserver = (*Metrics)(nil)
+	_ LeaseObserver = (*Metrics)(nil)
 
 	sizeBuckets     = prometheus.ExponentialBuckets(1, 2, 12)        // 1 … 2048
 	durationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 12) // 0.5 ms … ~30 s
@@ -108,7 +127,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	var (
 		m    Metrics
-		errs [7]error
+		errs [8]error
 	)
 	m.fetchSize, errs[0] = hist("omnibus_postgres_fetch_size_rows", "Rows handed out by one fetch of a postgres subscriber.", sizeBuckets)
 	m.fetchDuration, errs[1] = hist("omnibus_postgres_fetch_duration_seconds", "Time one fetch statement of a postgres subscriber took.", durationBuckets)
@@ -117,6 +136,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.settleDuration, errs[4] = hist("omnibus_postgres_settle_duration_seconds", "Time one settlement statement took.", durationBuckets)
 	m.settleErrors, errs[5] = counter("omnibus_postgres_settle_errors_total", "Settlement statements that failed (they are written again).")
 	m.stored, errs[6] = counter("omnibus_inbox_stored_messages_total", "Messages stored into an inbox, by result: new or duplicate.", "result")
+	m.leasesLost, errs[7] = counter("omnibus_postgres_leases_lost_total", "Runs a postgres subscriber stopped because it lost their lease.")
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -131,6 +151,11 @@ func (m *Metrics) ObserveFetch(f FetchInfo) {
 	}
 	m.fetchSize.WithLabelValues(f.Table, f.ConsumerGroup).Observe(float64(f.Rows))
 	m.fetchDuration.WithLabelValues(f.Table, f.ConsumerGroup).Observe(f.Duration.Seconds())
+}
+
+// ObserveLeaseLost implements LeaseObserver.
+func (m *Metrics) ObserveLeaseLost(l LeaseLostInfo) {
+	m.leasesLost.WithLabelValues(l.Table, l.ConsumerGroup).Inc()
 }
 
 // ObserveSettle implements Observer.

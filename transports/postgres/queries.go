@@ -368,7 +368,8 @@ WITH mine AS (
 )
 UPDATE {L} l SET locked_until = now() + $2::interval
 FROM mine
-WHERE l.consumer_group = mine.consumer_group AND l.topic = mine.topic AND l.partition_key = mine.partition_key`)
+WHERE l.consumer_group = mine.consumer_group AND l.topic = mine.topic AND l.partition_key = mine.partition_key
+RETURNING l.consumer_group, l.topic, l.partition_key`)
 
 	// The sweep recreates a lane for every keyed pending row that lacks one
 	// (rows inserted with the trigger disabled, lanes deleted by hand).

@@ -248,7 +248,7 @@ func NewSubscriber(pool *pgxpool.Pool, cfg SubscriberConfig, logger *slog.Logger
 		},
 		subs:    map[*subscription]struct{}{},
 		closing: make(chan struct{}),
-		tracked: tracker{rows: map[int64]struct{}{}, lanes: map[laneKey]int{}},
+		tracked: newTracker(),
 	}
 	s.flush = newFlusher(s)
 	s.wg.Add(2)
@@ -342,9 +342,12 @@ func (s *Subscriber) maintain() {
 			return
 		case <-extend.C:
 			ids, lanes := s.tracked.snapshot()
-			if err := s.eng.extend(ctx, ids, lanes); err != nil && ctx.Err() == nil {
+			start := time.Now()
+			renewed, lost, err := s.eng.extend(ctx, ids, lanes)
+			if err != nil && ctx.Err() == nil {
 				s.log.Warn("omnibus: renewing leases failed", "error", err)
 			}
+			s.tracked.renewed(start, s.cfg.Lease, renewed, lost)
 		case <-sweep:
 			n, err := s.eng.sweep(ctx)
 			switch {
@@ -358,11 +361,17 @@ func (s *Subscriber) maintain() {
 	}
 }
 
-// tracker knows the rows and lanes this worker holds, for lease renewal.
+// tracker knows the rows and lanes this worker holds, for lease renewal,
+// and the lease of each lane a unit is delivering.
 type tracker struct {
-	mu    sync.Mutex
-	rows  map[int64]struct{}
-	lanes map[laneKey]int
+	mu     sync.Mutex
+	rows   map[int64]struct{}
+	lanes  map[laneKey]int
+	leases map[laneKey]*unitLease
+}
+
+func newTracker() tracker {
+	return tracker{rows: map[int64]struct{}{}, lanes: map[laneKey]int{}, leases: map[laneKey]*unitLease{}}
 }
 
 func (t *tracker) add(u unit) {
@@ -373,14 +382,19 @@ func (t *tracker) add(u unit) {
 	}
 	if u.lane != nil {
 		t.lanes[*u.lane]++
+		t.leases[*u.lane] = u.lease
 	}
 }
 
-func (t *tracker) removeRows(rs []row) {
+// done forgets the rows of a unit that ended, and its lane's lease.
+func (t *tracker) done(u unit) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, r := range rs {
+	for _, r := range u.rows {
 		delete(t.rows, r.id)
+	}
+	if u.lane != nil && t.leases[*u.lane] == u.lease {
+		delete(t.leases, *u.lane)
 	}
 }
 
@@ -410,4 +424,20 @@ func (t *tracker) snapshot() ([]int64, []laneKey) {
 		lanes = append(lanes, k)
 	}
 	return ids, lanes
+}
+
+// renewed records the outcome of a lease renewal that started at from.
+func (t *tracker) renewed(from time.Time, d time.Duration, renewed, lost []laneKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range renewed {
+		if l := t.leases[k]; l != nil {
+			l.renewed(from, d)
+		}
+	}
+	for _, k := range lost {
+		if l := t.leases[k]; l != nil {
+			l.lost.Store(true)
+		}
+	}
 }

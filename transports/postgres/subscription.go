@@ -214,7 +214,7 @@ const (
 func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	s := sub.s
 	defer func() {
-		s.tracked.removeRows(u.rows)
+		s.tracked.done(u)
 		if u.lane != nil {
 			s.flush.lane(*u.lane)
 		}
@@ -224,6 +224,13 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	}()
 	for i, r := range u.rows {
 		if ctx.Err() != nil {
+			sub.release(u.rows[i:])
+			return
+		}
+		if u.lease != nil && !u.lease.held(time.Now()) {
+			// Another worker may hold the key now: deliver nothing more of
+			// it. The releases are dropped by the lease guard if so.
+			s.leaseLost(u, len(u.rows)-i)
 			sub.release(u.rows[i:])
 			return
 		}
@@ -276,6 +283,14 @@ func (sub *subscription) await(ctx context.Context, msg *message.Message) outcom
 func (sub *subscription) release(rs []row) {
 	for _, r := range rs {
 		sub.s.flush.settle(settleOp{id: r.id, op: 'r'})
+	}
+}
+
+func (s *Subscriber) leaseLost(u unit, rows int) {
+	s.log.Warn("omnibus: lost the lease of a key while delivering it; stopping its run",
+		"topic", u.lane.topic, "rows_not_delivered", rows)
+	if o, ok := s.cfg.Observer.(LeaseObserver); ok {
+		o.ObserveLeaseLost(LeaseLostInfo{Table: s.cfg.Table, ConsumerGroup: s.cfg.ConsumerGroup, Topic: u.lane.topic, Rows: rows})
 	}
 }
 
