@@ -58,6 +58,7 @@ const (
 	DefaultRelayRunLength         = 16
 	DefaultRelayLease             = 30 * time.Second
 	DefaultRelayPollInterval      = time.Second
+	DefaultRelaySweepInterval     = time.Minute
 	DefaultRelayTimeout           = 30 * time.Second
 	DefaultRelayFailedPolicy      = "skip"
 	DefaultBreakerThreshold       = 5
@@ -301,6 +302,10 @@ type RelayConfig struct {
 	// PollInterval is how often the table is polled without a notification.
 	// Default DefaultRelayPollInterval.
 	PollInterval time.Duration `yaml:"poll_interval"`
+	// SweepInterval is how often the relay recreates missing lanes (rows
+	// inserted with the lane trigger disabled, lanes deleted by hand).
+	// Default DefaultRelaySweepInterval; negative turns the sweep off.
+	SweepInterval time.Duration `yaml:"sweep_interval"`
 	// Timeout bounds one publish or handler call; a timeout is transient.
 	// Default DefaultRelayTimeout.
 	Timeout time.Duration `yaml:"timeout"`
@@ -568,6 +573,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.Relay.RunLength, DefaultRelayRunLength)
 	setDefault(&c.Relay.Lease, DefaultRelayLease)
 	setDefault(&c.Relay.PollInterval, DefaultRelayPollInterval)
+	setDefault(&c.Relay.SweepInterval, DefaultRelaySweepInterval)
 	setDefault(&c.Relay.Timeout, DefaultRelayTimeout)
 	setDefault(&c.Relay.FailedPolicy, DefaultRelayFailedPolicy)
 	setDefault(&c.Relay.BreakerThreshold, DefaultBreakerThreshold)

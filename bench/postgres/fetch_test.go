@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,9 +113,10 @@ type replay struct {
 	name string
 	sql  string
 	args []any
-	// lanes: the statement also returns one row per leased lane, flagged
-	// by a true first column (the omnibus fetch).
-	lanes bool
+	// lease, for the omnibus fetch, is its first statement: it leases the
+	// lanes whose (group, topic, key) arrays become arguments 2-4 of sql,
+	// in the same transaction.
+	lease *replay
 }
 
 func plainFetch(t pgbench.Table) replay {
@@ -148,7 +150,7 @@ func prefixed(p, cols string) string {
 func captureFetch(b *testing.B, pool *pgxpool.Pool, tr *tracer, t pgbench.Table, runLength int) replay {
 	b.Helper()
 	tr.mu.Lock()
-	tr.sql, tr.args = "", nil
+	tr.sql, tr.args, tr.leaseSQL, tr.leaseArgs = "", nil, "", nil
 	tr.mu.Unlock()
 	sub, err := postgres.NewSubscriber(pool, postgres.SubscriberConfig{
 		Table: t.Name, BatchSize: fetchBatch, RunLength: runLength, SweepInterval: -1,
@@ -162,11 +164,13 @@ func captureFetch(b *testing.B, pool *pgxpool.Pool, tr *tracer, t pgbench.Table,
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	var r replay
+	lease := &replay{name: "lease lanes"}
 	for {
 		tr.mu.Lock()
 		r.sql, r.args = tr.sql, tr.args
+		lease.sql, lease.args = tr.leaseSQL, tr.leaseArgs
 		tr.mu.Unlock()
-		if r.sql != "" {
+		if r.sql != "" && lease.sql != "" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -176,18 +180,20 @@ func captureFetch(b *testing.B, pool *pgxpool.Pool, tr *tracer, t pgbench.Table,
 	}
 	cancel()
 	_ = sub.Close()
-	swapped := 0
-	for i, a := range r.args {
-		if p, ok := a.(*string); ok && p != nil && *p == noRowsTopic {
-			r.args[i] = (*string)(nil)
-			swapped++
+	for _, st := range []*replay{&r, lease} {
+		swapped := 0
+		for i, a := range st.args {
+			if p, ok := a.(*string); ok && p != nil && *p == noRowsTopic {
+				st.args[i] = (*string)(nil)
+				swapped++
+			}
+		}
+		if swapped != 1 {
+			b.Fatalf("capture: found the subscribed topic in %d arguments of a fetch statement, want 1: %v", swapped, st.args)
 		}
 	}
-	if swapped != 1 {
-		b.Fatalf("capture: found the subscribed topic in %d arguments of the fetch, want 1: %v", swapped, r.args)
-	}
 	r.name = fmt.Sprintf("omnibus RunLength %d", runLength)
-	r.lanes = true
+	r.lease = lease
 	return r
 }
 
@@ -212,16 +218,17 @@ func replayAll(b *testing.B, pool *pgxpool.Pool, stmts []replay) (med []time.Dur
 				b.Fatalf("replay: begin: %v", err)
 			}
 			start := time.Now()
-			rs, err := tx.Query(ctx, st.sql, st.args...)
+			args := st.args
+			if st.lease != nil {
+				args = leaseLanes(ctx, b, tx, st)
+			}
+			rs, err := tx.Query(ctx, st.sql, args...)
 			if err != nil {
 				b.Fatalf("replay %s: %v", st.name, err)
 			}
 			n := 0
 			for rs.Next() {
-				// A lane row's first column is a true boolean (one byte, 1).
-				if v := rs.RawValues(); !st.lanes || len(v[0]) != 1 || v[0][0] != 1 {
-					n++
-				}
+				n++
 			}
 			rs.Close()
 			el := time.Since(start)
@@ -243,6 +250,29 @@ func replayAll(b *testing.B, pool *pgxpool.Pool, stmts []replay) (med []time.Dur
 	return med, got
 }
 
+// leaseLanes runs the omnibus fetch's first statement in tx and returns the
+// arguments of its second with the leased lanes in them.
+func leaseLanes(ctx context.Context, b *testing.B, tx pgx.Tx, st replay) []any {
+	rs, err := tx.Query(ctx, st.lease.sql, st.lease.args...)
+	if err != nil {
+		b.Fatalf("replay %s: lease lanes: %v", st.name, err)
+	}
+	var g, t, k []string
+	for rs.Next() {
+		var lg, lt, lk string
+		if err := rs.Scan(&lg, &lt, &lk); err != nil {
+			b.Fatalf("replay %s: lease lanes: %v", st.name, err)
+		}
+		g, t, k = append(g, lg), append(t, lt), append(k, lk)
+	}
+	if err := rs.Err(); err != nil {
+		b.Fatalf("replay %s: lease lanes: %v", st.name, err)
+	}
+	args := slices.Clone(st.args)
+	args[2], args[3], args[4] = g, t, k
+	return args
+}
+
 // explain appends EXPLAIN (ANALYZE, BUFFERS) of each statement to the file
 // named by OMNIBUS_BENCH_EXPLAIN, if set.
 func explain(b *testing.B, pool *pgxpool.Pool, shape string, stmts []replay) {
@@ -259,7 +289,11 @@ func explain(b *testing.B, pool *pgxpool.Pool, shape string, stmts []replay) {
 	ctx := context.Background()
 	for _, st := range stmts {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			rs, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+st.sql, st.args...)
+			args := st.args
+			if st.lease != nil {
+				args = leaseLanes(ctx, b, tx, st)
+			}
+			rs, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+st.sql, args...)
 			if err != nil {
 				return err
 			}

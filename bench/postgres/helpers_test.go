@@ -95,12 +95,15 @@ func (r *relay) stop(b *testing.B) {
 // and arguments. The fetch is recognized by its text: it is the one
 // statement of the transport that starts by leasing lanes ("WITH lane AS").
 type tracer struct {
-	mu       sync.Mutex
-	sql      string
-	args     []any
-	times    []time.Duration
-	nonEmpty int
-	profile  map[string]*stmtStat
+	mu   sync.Mutex
+	sql  string
+	args []any
+	// leaseSQL, leaseArgs: the fetch's first statement (it leases lanes).
+	leaseSQL  string
+	leaseArgs []any
+	times     []time.Duration
+	nonEmpty  int
+	profile   map[string]*stmtStat
 }
 
 type stmtStat struct {
@@ -116,6 +119,12 @@ type traceStart struct {
 type traceKey struct{}
 
 func isFetch(sql string) bool { return strings.HasPrefix(strings.TrimSpace(sql), "WITH lane AS (") }
+
+// isLease tells the fetch's first statement, which leases lanes.
+func isLease(sql string) bool {
+	return strings.Contains(sql, "SET locked_by = $1, locked_until = now() + $2::interval, gated = false") &&
+		strings.Contains(sql, "LIMIT $3")
+}
 
 // label names a statement by its first words, with quoted names (tables,
 // lanes, channels) folded to {T} so statements of different tables match.
@@ -137,6 +146,13 @@ func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQu
 		t.mu.Lock()
 		if t.sql == "" {
 			t.sql, t.args = d.SQL, slices.Clone(d.Args)
+		}
+		t.mu.Unlock()
+	}
+	if isLease(d.SQL) {
+		t.mu.Lock()
+		if t.leaseSQL == "" {
+			t.leaseSQL, t.leaseArgs = d.SQL, slices.Clone(d.Args)
 		}
 		t.mu.Unlock()
 	}

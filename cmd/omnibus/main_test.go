@@ -253,14 +253,24 @@ func TestOutboxAdmin_Golden(t *testing.T) {
 		bus.SetEventType(msg, "order.paid")
 		require.NoError(t, ob.Enqueue(ctx, pool, "orders", msg))
 	}
-	// Rows 1-2 completed a month ago, 3-4 failed, 5-6 pending; fixed times.
+	// Events 1-2 completed a month ago, 3-4 failed, 5-6 pending; fixed times.
+	// Keyed rows get their ids after their lane is locked, so ids are not
+	// 1..6: the rows are addressed by event id, and the ids the commands
+	// take are read back (they are the same on every fresh table).
+	ev := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
 	_, err = pool.Exec(ctx, `
 		UPDATE `+outbox+` SET created_at = '2026-01-02T03:04:05Z';
-		UPDATE `+outbox+` SET status = 'completed', completed_at = now() - interval '30 days' WHERE id IN (1, 2);
+		UPDATE `+outbox+` SET status = 'completed', completed_at = now() - interval '30 days' WHERE event_id IN ('`+ev(1)+`', '`+ev(2)+`');
 		UPDATE `+outbox+` SET status = 'failed', attempts = 6, last_error = 'kafka: broker rejected the record:
-			message too large' WHERE id IN (3, 4);
-		UPDATE `+outbox+` SET attempts = 6, max_attempts = 6 WHERE id = 4;`)
+			message too large' WHERE event_id IN ('`+ev(3)+`', '`+ev(4)+`');
+		UPDATE `+outbox+` SET attempts = 6, max_attempts = 6 WHERE event_id = '`+ev(4)+`';`)
 	require.NoError(t, err)
+	idOf := func(i int) string {
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM `+outbox+` WHERE event_id = $1`, ev(i)).Scan(&id))
+		return fmt.Sprint(id)
+	}
+	id3 := idOf(3)
 
 	var transcript strings.Builder
 	step := func(args ...string) result {
@@ -275,9 +285,9 @@ func TestOutboxAdmin_Golden(t *testing.T) {
 	step("outbox", "stats")
 	step("outbox", "failed")
 	step("outbox", "failed", "--limit", "1")
-	step("outbox", "failed", "--after", "3")
-	step("outbox", "requeue", "3")
-	step("outbox", "requeue", "3", "999")
+	step("outbox", "failed", "--after", id3)
+	step("outbox", "requeue", id3)
+	step("outbox", "requeue", id3, "999")
 	r := step("outbox", "requeue", "--all")
 	assert.Equal(t, "requeue: 1/1 rows\n", r.stderr, "plain progress lines when not on a terminal")
 	r = step("outbox", "cleanup")
@@ -287,7 +297,7 @@ func TestOutboxAdmin_Golden(t *testing.T) {
 	// Row 5's relay stopped without settling and its lease expired; the lane
 	// of order-0 was deleted by hand.
 	_, err = pool.Exec(ctx, `
-		UPDATE `+outbox+` SET locked_by = 'gone', locked_until = now() - interval '1 minute' WHERE id = 5;
+		UPDATE `+outbox+` SET locked_by = 'gone', locked_until = now() - interval '1 minute' WHERE event_id = '`+ev(5)+`';
 		DELETE FROM `+outbox+`_lanes WHERE partition_key = 'order-0';`)
 	require.NoError(t, err)
 	step("outbox", "stats")
@@ -542,6 +552,7 @@ func TestConfigDefaultsMatchTheTransports(t *testing.T) {
 	assert.Equal(t, postgres.DefaultRunLength, bus.DefaultRelayRunLength)
 	assert.Equal(t, postgres.DefaultLease, bus.DefaultRelayLease)
 	assert.Equal(t, postgres.DefaultPollInterval, bus.DefaultRelayPollInterval)
+	assert.Equal(t, postgres.DefaultSweepInterval, bus.DefaultRelaySweepInterval)
 	assert.Equal(t, postgres.DefaultCloseTimeout, bus.DefaultRelayCloseTimeout)
 	assert.Equal(t, postgres.DefaultTransientDelay, bus.DefaultTransientDelay)
 	assert.Equal(t, middleware.DefaultBase, bus.DefaultRetryBase)

@@ -446,3 +446,13 @@ func TestSubscriber_WriterIdleInTransactionDoesNotMakeRelaysSpin(t *testing.T) {
 		m.Ack()
 	}
 }
+
+// Operators tune the lane sweep from the config (relay.sweep_interval,
+// OMNIBUS_RELAY_SWEEP_INTERVAL); negative turns it off.
+func TestSubscriberFromConfig_SweepIntervalFromEnvironment(t *testing.T) {
+	t.Setenv("OMNIBUS_RELAY_SWEEP_INTERVAL", "-1s")
+	cfg, err := bus.LoadConfig("")
+	require.NoError(t, err)
+	assert.Equal(t, -time.Second, SubscriberFromConfig(cfg, SubscriberConfig{}).SweepInterval)
+	assert.Equal(t, DefaultSweepInterval, SubscriberFromConfig(bus.Config{}, SubscriberConfig{}).SweepInterval)
+}

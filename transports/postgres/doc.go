@@ -24,10 +24,19 @@
 // key are fetched at once and emitted one at a time, each after the previous
 // was acked; different keys go out concurrently.
 //
+// Order needs no writer discipline: writers of one key may overlap, commit in
+// any order or roll back. A writer locks its key's lane before its row gets
+// its id, until it commits, and relays skip such keys, so no row is handed out
+// while a row of its key with a smaller id may still commit; an open
+// transaction that wrote a key holds that key (only) back. A relay whose
+// lease on a key ran out, or was taken over, stops that key's run before its
+// next row (LeaseObserver). See docs/ordering.md.
+//
 // # Cost
 //
 // Each key with pending rows has a row in the "<table>_lanes" table, kept by
 // a trigger on insert. Relays lease lanes, not rows, so a fetch costs the same
-// however many rows wait behind a key's head. Fetching leases rows in the same
-// autocommit statement; acks and nacks are written in batches.
+// however many rows wait behind a key's head. A fetch leases lanes and rows in
+// one short transaction of two statements; acks and nacks are written in
+// batches.
 package postgres

@@ -1,0 +1,147 @@
+package postgresbench
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/postgres"
+)
+
+// Shape of BenchmarkHotKeyWriters.
+const (
+	hotWriters     = 8
+	writersFor     = 5 * time.Second
+	writerThink    = 2 * time.Millisecond
+	writersTimeout = time.Minute
+)
+
+// keyCounter is a Publisher that counts published events per partition key.
+type keyCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *keyCounter) Publish(_ string, msgs ...*message.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range msgs {
+		c.n[bus.PartitionKey(m)]++
+	}
+	return nil
+}
+
+func (c *keyCounter) Close() error { return nil }
+
+func (c *keyCounter) count(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+// BenchmarkHotKeyWriters runs, for writersFor, 8 writers that commit
+// overlapping transactions on one hot key without pause (each inserts one
+// event, thinks 2 ms inside its transaction, commits), next to one writer of
+// an uncontended key doing the same, while the relay (default configuration)
+// delivers. The hot key's lane is almost never free of writers, so the relay
+// delivers it only by waiting its turn (docs/ordering.md, Hot keys).
+//
+// Metrics: hot-written-evt/s and hot-delivered-evt/s (during the writing),
+// calm-written-evt/s and calm-delivered-evt/s, drain-ms (after the writers
+// stop, until every event is delivered), and the writers' p99 commit
+// latency on the hot key (hot-commit-p99-ms), which includes waiting behind a
+// relay's turn.
+func BenchmarkHotKeyWriters(b *testing.B) {
+	var m [6]float64
+	for range b.N {
+		b.StopTimer()
+		pool := pgbench.NewPool(b, 20, nil)
+		t := pgbench.NewTable(b, pool, postgres.KindOutbox, "hotwriters")
+		ob, err := postgres.NewOutbox(postgres.OutboxConfig{Table: t.Name})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sink := &keyCounter{n: map[string]int{}}
+		b.StartTimer()
+		r := startRelay(b, pool, t, postgres.SubscriberConfig{}, sink)
+		ctx, cancel := context.WithTimeout(context.Background(), writersFor)
+		var (
+			wg          sync.WaitGroup
+			hotN, calmN atomic.Int64
+			latMu       sync.Mutex
+			lat         []time.Duration
+		)
+		write := func(key string, n *atomic.Int64, record bool) {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				start := time.Now()
+				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+					msg := message.NewMessage(watermill.NewUUID(), []byte("{}"))
+					bus.SetPartitionKey(msg, key)
+					if err := ob.Enqueue(context.Background(), tx, benchTopic, msg); err != nil {
+						return err
+					}
+					time.Sleep(writerThink)
+					return nil
+				})
+				if err != nil {
+					b.Errorf("writer of %s: %v", key, err)
+					return
+				}
+				n.Add(1)
+				if record {
+					latMu.Lock()
+					lat = append(lat, time.Since(start))
+					latMu.Unlock()
+				}
+			}
+		}
+		start := time.Now()
+		for range hotWriters {
+			wg.Add(1)
+			go write("hot", &hotN, true)
+		}
+		wg.Add(1)
+		go write("calm", &calmN, false)
+		wg.Wait()
+		cancel()
+		wrote := time.Since(start)
+		hotDelivered, calmDelivered := sink.count("hot"), sink.count("calm")
+		drainStart := time.Now()
+		deadline := drainStart.Add(writersTimeout)
+		for sink.count("hot") < int(hotN.Load()) || sink.count("calm") < int(calmN.Load()) {
+			if time.Now().After(deadline) {
+				b.Fatalf("not drained after %s: hot %d/%d, calm %d/%d", writersTimeout,
+					sink.count("hot"), hotN.Load(), sink.count("calm"), calmN.Load())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		drain := time.Since(drainStart)
+		b.StopTimer()
+		r.stop(b)
+		p99 := percentile(lat, 99)
+		vals := [6]float64{
+			float64(hotN.Load()) / wrote.Seconds(), float64(hotDelivered) / wrote.Seconds(),
+			float64(calmN.Load()) / wrote.Seconds(), float64(calmDelivered) / wrote.Seconds(),
+			ms(drain), ms(p99),
+		}
+		for i := range m {
+			m[i] += vals[i]
+		}
+		b.Logf("%s of writing: hot key %d written (%.0f/s), %d delivered meanwhile (%.0f/s); calm key %d written (%.0f/s), %d delivered (%.0f/s); rest drained in %s; hot commit p99 %.1f ms; %s",
+			wrote.Round(time.Millisecond), hotN.Load(), vals[0], hotDelivered, vals[1], calmN.Load(), vals[2], calmDelivered, vals[3],
+			drain.Round(time.Millisecond), vals[5], pgbench.LoadAvg(3))
+	}
+	n := float64(b.N)
+	for i, name := range []string{"hot-written-evt/s", "hot-delivered-evt/s", "calm-written-evt/s", "calm-delivered-evt/s", "drain-ms", "hot-commit-p99-ms"} {
+		b.ReportMetric(m[i]/n, name)
+	}
+}
