@@ -102,6 +102,7 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 		mu        sync.Mutex
 		delivered = map[int64]int{} // id → deliveries
 		firsts    = map[string][]int64{}
+		who       = map[int64]string{} // first delivery: relay and time
 	)
 	subs := make([]*Subscriber, cfg.relays)
 	for i := range subs {
@@ -122,6 +123,7 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 				mu.Lock()
 				if delivered[id] == 0 {
 					firsts[key] = append(firsts[key], id)
+					who[id] = fmt.Sprintf("relay-%d at %s (attempts %d)", i, time.Now().Format("15:04:05.000000"), d.Attempts)
 				}
 				delivered[id]++
 				mu.Unlock()
@@ -197,7 +199,8 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 	for key, ids := range firsts {
 		for i := 1; i < len(ids); i++ {
 			if ids[i] < ids[i-1] {
-				t.Errorf("key %s: first deliveries out of id order: %d after %d (all: %v)", key, ids[i], ids[i-1], ids)
+				t.Errorf("key %s: first deliveries out of id order: %d (%s) after %d (%s) (all: %v)",
+					key, ids[i], who[ids[i]], ids[i-1], who[ids[i-1]], ids)
 				break
 			}
 		}
@@ -205,6 +208,9 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 }
 
 var errRollback = fmt.Errorf("rollback on purpose")
+
+// settling marks a row whose settlement is being written.
+const settling = "(being settled)"
 
 func sortedPayloads(rs []row) []string {
 	out := payloads(rs)
@@ -269,11 +275,14 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 					return
 				}
 				var ops []settleOp
+				for _, id := range res.cut {
+					ops = append(ops, settleOp{id: id, op: 'r'})
+				}
 				lanes := append([]laneKey(nil), res.idle...)
 				mu.Lock()
 				for _, u := range res.units {
 					for i, r := range u.rows {
-						if h, ok := holder[r.id]; ok {
+						if h, ok := holder[r.id]; ok && h != settling {
 							dupes = append(dupes, fmt.Sprintf("row %d handed to %s while %s holds it", r.id, e.worker, h))
 						}
 						holder[r.id] = e.worker
@@ -297,8 +306,13 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 				}
 				mu.Unlock()
 				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
-				// Settlement and give-back are written before the rows are
-				// forgotten: from here on another engine may take them.
+				// From the settlement on, another engine may take the rows
+				// (a failure retried now): mark them as being settled first.
+				mu.Lock()
+				for _, o := range ops {
+					holder[o.id] = settling
+				}
+				mu.Unlock()
 				if _, err := e.settle(ctx, ops); err != nil {
 					t.Errorf("%s: settle: %v", e.worker, err)
 					return
@@ -311,7 +325,9 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 				}
 				mu.Lock()
 				for _, o := range ops {
-					delete(holder, o.id)
+					if holder[o.id] == settling {
+						delete(holder, o.id)
+					}
 				}
 				mu.Unlock()
 			}

@@ -85,12 +85,12 @@ RETURNING message_id`)
 	// hands out.
 	q.leaseLanes = build(`
 UPDATE {L} l
-SET locked_by = $1, locked_until = now() + $2::interval, gated = false
+SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
 FROM (
     SELECT c.consumer_group, c.topic, c.partition_key
     FROM {L} c
-    WHERE c.ready_at <= now()
-      AND (c.locked_until IS NULL OR c.locked_until < now())
+    WHERE c.ready_at <= statement_timestamp()
+      AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
       AND ($4::text IS NULL OR c.topic = $4)
       AND c.consumer_group = $5 -- outbox lanes all belong to the group ''
     ORDER BY c.ready_at
@@ -100,6 +100,12 @@ FROM (
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
 RETURNING l.consumer_group, l.topic, l.partition_key`)
 
+	// Both statements compare with statement_timestamp(), not now(): now()
+	// is the start of the fetch's transaction, and a writer whose transaction
+	// started after it but committed before our lane lock has a scheduled_at
+	// (its own now()) later than that. Its row would look delayed, never
+	// tried, and not hold its key back: the rows behind it would go first.
+	//
 	// pick chooses and leases the rows of the lanes leaseLanes returned
 	// ($3..$5) and up to $7 unkeyed rows:
 	//  line:  for each lane, the first $6 rows that are "in line" (due, leased,
@@ -121,11 +127,11 @@ WITH lane AS (
     SELECT lane.topic, lane.partition_key, r.id, r.deliverable
     FROM lane CROSS JOIN LATERAL (
         SELECT t.id,
-               (t.scheduled_at <= now() AND (t.locked_until IS NULL OR t.locked_until < now())) AS deliverable
+               (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable
         FROM {T} t
         WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
           AND t.status = 'pending'
-          AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
+          AND (t.scheduled_at <= statement_timestamp() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
           AND NOT ($10::boolean AND EXISTS (
               SELECT 1 FROM {T} f
               WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
@@ -143,18 +149,18 @@ WITH lane AS (
 ), loose AS (
     SELECT t.id
     FROM {T} t
-    WHERE t.status = 'pending' AND t.partition_key IS NULL AND t.scheduled_at <= now()
-      AND (t.locked_until IS NULL OR t.locked_until < now())
+    WHERE t.status = 'pending' AND t.partition_key IS NULL AND t.scheduled_at <= statement_timestamp()
+      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
       AND ($8::text IS NULL OR t.topic = $8){GP_T}
     ORDER BY t.scheduled_at, t.id
     LIMIT $7
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     UPDATE {T} t
-    SET locked_by = $1, locked_until = now() + $2::interval
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval
     WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
-      AND t.status = 'pending' AND t.scheduled_at <= now()
-      AND (t.locked_until IS NULL OR t.locked_until < now())
+      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
+      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
     RETURNING t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
               t.attempts, t.max_attempts, t.created_at
 ), handed AS (
@@ -185,13 +191,13 @@ WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
 
 	q.leaseLane = build(`
 UPDATE {L} l
-SET locked_by = $1, locked_until = now() + $2::interval, gated = false
+SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
 FROM (
     SELECT c.consumer_group, c.topic, c.partition_key
     FROM {L} c
     WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
-      AND c.ready_at <= now()
-      AND (c.locked_until IS NULL OR c.locked_until < now())
+      AND c.ready_at <= statement_timestamp()
+      AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
     FOR UPDATE
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
