@@ -43,10 +43,16 @@ invalid. It does not connect to anything.`,
 	return cmd
 }
 
-// migrationTables are the tables migrate creates for cfg: the outbox and the
-// inbox, and the queue table when the broker is postgres.
-func migrationTables(cfg bus.Config) []postgres.Table {
+// migrationTables are the tables migrate creates for cfg: the outbox; the
+// inbox when raw (the config before defaults) configures one (inbox.table,
+// inbox.topics or inbox.consumer_group), so a service that only writes
+// events gets no inbox it does not use; and the queue table when the broker
+// is postgres.
+func migrationTables(raw, cfg bus.Config) []postgres.Table {
 	tables := omnibus.Tables(cfg)
+	if raw.Inbox.Table == "" && len(raw.Inbox.Topics) == 0 && raw.Inbox.ConsumerGroup == "" {
+		tables = tables[:1] // the outbox
+	}
 	if cfg.Broker == bus.BrokerPostgres {
 		tables = append(tables, postgres.InboxTable(cfg.Postgres.QueueTable))
 	}
@@ -59,16 +65,21 @@ func (a *app) migrateCommand() *cobra.Command {
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox and inbox tables",
 		Long: `migrate applies omnibus's versioned migrations to the outbox table, the inbox
-table and, with broker postgres, the queue table, under an advisory lock;
+table (when the config sets inbox.table, inbox.topics or inbox.consumer_group)
+and, with broker postgres, the queue table, under an advisory lock;
 running it again is a no-op. With --print it prints the SQL instead, for
 your own migration tool, without connecting.`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			cfg, err := a.loadConfig()
+			raw, err := a.loadRawConfig()
 			if err != nil {
 				return err
 			}
-			tables := migrationTables(cfg)
+			cfg := raw.WithDefaults()
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			tables := migrationTables(raw, cfg)
 			if print {
 				sql, err := postgres.MigrationSQL(tables...)
 				if err != nil {

@@ -122,6 +122,20 @@ func TestMigratePrint_Golden(t *testing.T) {
 	assert.Contains(t, r.stdout, `CREATE TABLE IF NOT EXISTS "q"`, "with broker postgres the queue table is migrated too")
 }
 
+// A service that only writes events configures only an outbox: migrate must
+// not create a default inbox table it does not use.
+func TestMigrate_OnlyAnOutboxConfiguredCreatesNoInbox(t *testing.T) {
+	t.Parallel()
+	r := cli(t, context.Background(), "--config", writeConfig(t, "outbox:\n  table: app_outbox\n"), "migrate", "--print")
+	ok(t, r)
+	assert.Contains(t, r.stdout, `CREATE TABLE IF NOT EXISTS "app_outbox"`)
+	assert.NotContains(t, r.stdout, `omnibus_inbox`, "no inbox is configured, so none is created")
+
+	r = cli(t, context.Background(), "--config", writeConfig(t, "inbox:\n  topics: [orders]\n"), "migrate", "--print")
+	ok(t, r)
+	assert.Contains(t, r.stdout, `CREATE TABLE IF NOT EXISTS "omnibus_inbox"`, "inbox topics configure the default inbox")
+}
+
 func TestConfigCheck_GoldenWithSecretsRedacted(t *testing.T) {
 	t.Parallel()
 	path := writeConfig(t, `broker: kafka

@@ -154,6 +154,20 @@ func exactArgs(n int) cobra.PositionalArgs {
 // loadConfig reads --config and the environment, applies the --log-* flags,
 // fills in defaults and validates.
 func (a *app) loadConfig() (bus.Config, error) {
+	cfg, err := a.loadRawConfig()
+	if err != nil {
+		return bus.Config{}, err
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return bus.Config{}, err
+	}
+	return cfg, nil
+}
+
+// loadRawConfig is the config file, the environment and the flags, before
+// defaults: what the operator set.
+func (a *app) loadRawConfig() (bus.Config, error) {
 	var cfg bus.Config
 	if a.configPath != "" {
 		data, err := os.ReadFile(a.configPath)
@@ -172,10 +186,6 @@ func (a *app) loadConfig() (bus.Config, error) {
 	}
 	if a.logFormat != "" {
 		cfg.Observability.LogFormat = a.logFormat
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return bus.Config{}, err
 	}
 	return cfg, nil
 }
