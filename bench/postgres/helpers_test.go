@@ -122,8 +122,7 @@ func isFetch(sql string) bool { return strings.HasPrefix(strings.TrimSpace(sql),
 
 // isLease tells the fetch's first statement, which leases lanes.
 func isLease(sql string) bool {
-	return strings.Contains(sql, "SET locked_by = $1, locked_until = now() + $2::interval, gated = false") &&
-		strings.Contains(sql, "LIMIT $3")
+	return strings.Contains(sql, "gated = false") && strings.Contains(sql, "LIMIT $3")
 }
 
 // label names a statement by its first words, with quoted names (tables,

@@ -216,27 +216,19 @@ func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]laneKey, error)
 		if err := e.scanPicked(rows, start, &res); err != nil {
 			return err
 		}
-		res.idle = res.idle[:0]
-		for _, l := range leased {
-			if !res.has(l) {
-				res.idle = append(res.idle, l)
+		withRows := make([]laneKey, 0, len(res.units))
+		for _, u := range res.units {
+			if u.lane != nil {
+				withRows = append(withRows, *u.lane)
 			}
 		}
+		res.idle = minus(leased, withRows)
 		return nil
 	})
 	if err != nil {
 		return fetchResult{}, fmt.Errorf("fetch from %q: %w", e.q.table, err)
 	}
 	return res, nil
-}
-
-func (r *fetchResult) has(k laneKey) bool {
-	for _, u := range r.units {
-		if u.lane != nil && *u.lane == k {
-			return true
-		}
-	}
-	return false
 }
 
 // scanPicked reads pick's rows into units; rows whose run was cut by the
@@ -381,16 +373,7 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 	}
 	// Some lanes were not locked: either a writer holds them (retry later) or
 	// they are not ours any more (drop them).
-	done := make(map[laneKey]bool, len(locked))
-	for _, k := range locked {
-		done[k] = true
-	}
-	var rest []laneKey
-	for _, k := range lanes {
-		if !done[k] {
-			rest = append(rest, k)
-		}
-	}
+	rest := minus(lanes, locked)
 	rg, rt, rk := laneArrays(rest)
 	rows, err = e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
 	if err != nil {
