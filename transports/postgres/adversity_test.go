@@ -472,3 +472,36 @@ func TestSubscriberFromConfig_SweepIntervalFromEnvironment(t *testing.T) {
 	assert.Equal(t, -time.Second, SubscriberFromConfig(cfg, SubscriberConfig{}).SweepInterval)
 	assert.Equal(t, DefaultSweepInterval, SubscriberFromConfig(bus.Config{}, SubscriberConfig{}).SweepInterval)
 }
+
+// DESIGN §4.5: two ingest processes storing rows of one key in concurrent
+// transactions must not make the dispatcher handle a higher id first.
+func TestOrder_InboxStoreStillOpenHoldsItsKeyBack(t *testing.T) {
+	t.Parallel()
+	pool, in := newInbox(t)
+	ctx := context.Background()
+	_, err := in.Store(ctx, pool, "g", received("orders", "k", "", "r1"))
+	require.NoError(t, err)
+	a, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = a.Rollback(ctx) }()
+	_, err = in.Store(ctx, a, "g", received("orders", "k", "", "r2"))
+	require.NoError(t, err)
+	_, err = in.Store(ctx, pool, "g", received("orders", "k", "", "r3"), received("orders", "other", "", "o1"))
+	require.NoError(t, err)
+
+	_, ch := inboxSubscriber(t, pool, in, "g")
+	m := next(t, ch)
+	assert.Equal(t, "o1", string(m.Payload), "other keys flow while a store of k is open")
+	m.Ack()
+	select {
+	case m := <-ch:
+		t.Fatalf("dispatched %s while the store of r2 (a smaller id than r3) is open", m.Payload)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, a.Commit(ctx))
+	for _, want := range []string{"r1", "r2", "r3"} {
+		m := next(t, ch)
+		assert.Equal(t, want, string(m.Payload))
+		m.Ack()
+	}
+}
