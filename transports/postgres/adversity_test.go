@@ -505,3 +505,28 @@ func TestOrder_InboxStoreStillOpenHoldsItsKeyBack(t *testing.T) {
 		m.Ack()
 	}
 }
+
+// A user's router without our Retry middleware: a handler that always
+// Nacks. The row is delivered again after TransientDelay, not in a hot loop.
+func TestSubscriber_PlainNackBacksOff(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	enqueue(t, pool, ob, "t", event("k", "always nacked"))
+	s, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), TransientDelay: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ch, err := s.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+	n := 0
+	for m := range ch {
+		n++
+		m.Nack()
+	}
+	t.Logf("deliveries of an always-nacked row in 2s with TransientDelay 500ms: %d", n)
+	assert.GreaterOrEqual(t, n, 2, "the row is delivered again")
+	assert.LessOrEqual(t, n, 6, "a plain Nack must not refetch the row in a hot loop")
+	st := stateOf(t, pool, ob, "always nacked")
+	assert.Equal(t, "pending", st.status, "a plain Nack never fails the row")
+}

@@ -220,7 +220,7 @@ LIMIT $4`)
 	// Acks ($2) and releases ($3, rows given back untouched) are addressed
 	// by id = ANY(...), which the planner always serves from the primary key;
 	// failures ($4..$9, few) carry their own values: op n = nack (may fail
-	// the row), p = plain nack (counts an attempt, keeps the row pending: a
+	// the row), p = plain nack (counts an attempt, retries after TransientDelay, keeps the row pending: a
 	// Nack without a settlement means "deliver again", as everywhere in
 	// Watermill).
 	q.settle = build(`

@@ -199,7 +199,8 @@ var ErrClosed = errors.New("postgres subscriber: closed")
 // failures spend an attempt and wait for their retry time, transient ones
 // spend none, permanent ones fail the row. A Nack without a settlement (no
 // Retry middleware) means "deliver again", as everywhere in Watermill: it
-// counts an attempt and keeps the row's schedule but never fails the row.
+// counts an attempt, never fails the row, and delivers it again after
+// TransientDelay (never in a hot loop).
 type Subscriber struct {
 	pool *pgxpool.Pool
 	cfg  SubscriberConfig

@@ -328,7 +328,10 @@ func (s *Subscriber) newMessage(ctx context.Context, r row) *message.Message {
 func (s *Subscriber) nackOp(msg *message.Message, r row) settleOp {
 	st, ok := bus.SettlementOf(msg)
 	if !ok {
-		return settleOp{id: r.id, op: 'p', inc: 1, err: "nacked without a settlement"}
+		// Deliver again, but not at once: a handler that always Nacks must
+		// not make the row go round in a hot loop.
+		t := time.Now().Add(s.cfg.TransientDelay)
+		return settleOp{id: r.id, op: 'p', inc: 1, err: "nacked without a settlement", retryAt: &t}
 	}
 	op := settleOp{id: r.id, op: 'n', err: truncate(st.Error, s.cfg.MaxErrorLength)}
 	if op.err == "" {
