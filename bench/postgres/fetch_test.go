@@ -257,19 +257,25 @@ func leaseLanes(ctx context.Context, b *testing.B, tx pgx.Tx, st replay) []any {
 	if err != nil {
 		b.Fatalf("replay %s: lease lanes: %v", st.name, err)
 	}
-	var g, t, k []string
+	var (
+		g, t, k []string
+		floors  []int64
+	)
 	for rs.Next() {
-		var lg, lt, lk string
-		if err := rs.Scan(&lg, &lt, &lk); err != nil {
+		var (
+			lg, lt, lk string
+			floor      int64
+		)
+		if err := rs.Scan(&lg, &lt, &lk, &floor); err != nil {
 			b.Fatalf("replay %s: lease lanes: %v", st.name, err)
 		}
-		g, t, k = append(g, lg), append(t, lt), append(k, lk)
+		g, t, k, floors = append(g, lg), append(t, lt), append(k, lk), append(floors, floor)
 	}
 	if err := rs.Err(); err != nil {
 		b.Fatalf("replay %s: lease lanes: %v", st.name, err)
 	}
 	args := slices.Clone(st.args)
-	args[2], args[3], args[4] = g, t, k
+	args[2], args[3], args[4], args[10] = g, t, k, floors
 	return args
 }
 

@@ -107,15 +107,18 @@ WITH c AS (` + candidates + `
         locked_by = NULL, locked_until = NULL
     FROM c
     WHERE t.id = c.id AND t.status = 'failed'
-    RETURNING {GCOL} AS consumer_group, t.topic, t.partition_key
+    RETURNING {GCOL} AS consumer_group, t.topic, t.partition_key, t.id
 ), lane AS (
-    INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at)
-    SELECT DISTINCT r.consumer_group, r.topic, r.partition_key, now()
+    -- The requeued row is below the lane's floor: move the floor down.
+    INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at, floor_id)
+    SELECT r.consumer_group, r.topic, r.partition_key, now(), min(r.id)
     FROM r
     WHERE r.partition_key IS NOT NULL
+    GROUP BY 1, 2, 3
     ORDER BY 1, 2, 3
     ON CONFLICT (consumer_group, topic, partition_key)
-    DO UPDATE SET ready_at = LEAST(l.ready_at, EXCLUDED.ready_at), blocked = false
+    DO UPDATE SET ready_at = LEAST(l.ready_at, EXCLUDED.ready_at), blocked = false,
+                  floor_id = LEAST(l.floor_id, EXCLUDED.floor_id)
 )
 SELECT (SELECT count(*) FROM r), (SELECT max(id) FROM c)`)
 	}

@@ -112,7 +112,7 @@ type engine struct {
 // pick takes its snapshot.
 func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fetchResult, error) {
 	topicArg := topicParam(topic)
-	return e.inTx(ctx, func(tx pgx.Tx) ([]laneKey, error) {
+	return e.inTx(ctx, func(tx pgx.Tx) ([]leasedLane, error) {
 		if lanes == 0 {
 			return nil, nil
 		}
@@ -120,7 +120,7 @@ func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fet
 		if err != nil {
 			return nil, err
 		}
-		return scanLanes(rows)
+		return scanLeased(rows)
 	}, topicArg, loose)
 }
 
@@ -146,7 +146,7 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 		}
 		return fetchResult{}, false, fmt.Errorf("close the gate of a lane of %q: %w", e.q.table, err)
 	}
-	res, err = e.inTx(ctx, func(tx pgx.Tx) ([]laneKey, error) {
+	res, err = e.inTx(ctx, func(tx pgx.Tx) ([]leasedLane, error) {
 		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
 			return nil, err
 		}
@@ -157,7 +157,7 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 		if err != nil {
 			return nil, err
 		}
-		return scanLanes(rows)
+		return scanLeased(rows)
 	}, nil, 0)
 	if err != nil {
 		if isLockTimeout(err) {
@@ -196,20 +196,25 @@ func topicParam(topic string) *string {
 
 // inTx runs lease (which leases lanes) and then the pick statement over the
 // lanes it returned and up to loose unkeyed rows, in one transaction.
-func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]laneKey, error), topicArg *string, loose int) (fetchResult, error) {
+func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]leasedLane, error), topicArg *string, loose int) (fetchResult, error) {
 	var res fetchResult
 	start := time.Now()
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		leased, err := lease(tx)
+		ll, err := lease(tx)
 		if err != nil {
 			return err
 		}
-		res = fetchResult{lanes: len(leased)}
-		if len(leased) == 0 && loose == 0 {
+		res = fetchResult{lanes: len(ll)}
+		if len(ll) == 0 && loose == 0 {
 			return nil
 		}
+		leased := make([]laneKey, len(ll))
+		floors := make([]int64, len(ll))
+		for i, l := range ll {
+			leased[i], floors[i] = l.key, l.floor
+		}
 		g, t, k := laneArrays(leased)
-		rows, err := tx.Query(ctx, e.q.pick, e.worker, e.lease, g, t, k, e.run, loose, topicArg, e.group, e.block)
+		rows, err := tx.Query(ctx, e.q.pick, e.worker, e.lease, g, t, k, e.run, loose, topicArg, e.group, e.block, floors)
 		if err != nil {
 			return err
 		}
@@ -575,6 +580,25 @@ func laneArrays(lanes []laneKey) (gs, ts, ks []string) {
 		gs[i], ts[i], ks[i] = l.group, l.topic, l.key
 	}
 	return gs, ts, ks
+}
+
+// leasedLane is a lane a fetch leased, with its floor (queries.pick).
+type leasedLane struct {
+	key   laneKey
+	floor int64
+}
+
+func scanLeased(rows pgx.Rows) ([]leasedLane, error) {
+	defer rows.Close()
+	var out []leasedLane
+	for rows.Next() {
+		var l leasedLane
+		if err := rows.Scan(&l.key.group, &l.key.topic, &l.key.key, &l.floor); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, rows.Err()
 }
 
 func scanLanes(rows pgx.Rows) ([]laneKey, error) {

@@ -98,7 +98,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key`)
+RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
 
 	// Both statements compare with statement_timestamp(), not now(): now()
 	// is the start of the fetch's transaction, and a writer whose transaction
@@ -122,7 +122,21 @@ RETURNING l.consumer_group, l.topic, l.partition_key`)
 	// caller releases those it leased.
 	q.pick = build(`
 WITH lane AS (
-    SELECT * FROM unnest($3::text[], $4::text[], $5::text[]) AS k(consumer_group, topic, partition_key)
+    SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
+), floor AS (
+    -- The lane's first pending row, found from its floor: this walks only
+    -- the rows completed since the last fetch of the key.
+    SELECT lane.consumer_group, lane.topic, lane.partition_key, f.id
+    FROM lane CROSS JOIN LATERAL (
+        SELECT min(t.id) AS id FROM {T} t
+        WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
+          AND t.status = 'pending' AND t.id >= lane.floor_id
+    ) f
+    WHERE f.id > lane.floor_id
+), raised AS (
+    UPDATE {L} l SET floor_id = floor.id
+    FROM floor
+    WHERE l.consumer_group = floor.consumer_group AND l.topic = floor.topic AND l.partition_key = floor.partition_key
 ), line AS (
     SELECT lane.topic, lane.partition_key, r.id, r.deliverable
     FROM lane CROSS JOIN LATERAL (
@@ -130,7 +144,7 @@ WITH lane AS (
                (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable
         FROM {T} t
         WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
-          AND t.status = 'pending'
+          AND t.status = 'pending' AND t.id >= lane.floor_id
           AND (t.scheduled_at <= statement_timestamp() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
           AND NOT ($10::boolean AND EXISTS (
               SELECT 1 FROM {T} f
@@ -201,7 +215,7 @@ FROM (
     FOR UPDATE
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key`)
+RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
 
 	// starved lists lanes that have been ready and free for $1 without any
 	// relay leasing them: writers are holding them.
@@ -272,7 +286,9 @@ WHERE l.locked_by = $1`)
 
 	q.reconcile = build(`
 WITH k AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS k(consumer_group, topic, partition_key)
+    SELECT k.*, l.floor_id
+    FROM unnest($1::text[], $2::text[], $3::text[]) AS k(consumer_group, topic, partition_key)
+    JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
 ), state AS (
     SELECT k.consumer_group, k.topic, k.partition_key, h.id AS head_id, h.ready AS head_ready,
            d.min_sched AS delayed_min, b.blocked,
@@ -285,7 +301,7 @@ WITH k AS (
         SELECT t.id, CASE WHEN t.locked_until > now() THEN t.locked_until ELSE t.scheduled_at END AS ready
         FROM {T} t
         WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
-          AND t.status = 'pending'
+          AND t.status = 'pending' AND t.id >= k.floor_id
           AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
         ORDER BY t.id
         LIMIT 1
@@ -296,7 +312,7 @@ WITH k AS (
         WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
           -- Written as a range (not "h.id IS NULL OR t.id < h.id") so the
           -- key index stops at the head instead of reading the whole backlog.
-          AND t.status = 'pending' AND t.id < COALESCE(h.id, 9223372036854775807)
+          AND t.status = 'pending' AND t.id >= k.floor_id AND t.id < COALESCE(h.id, 9223372036854775807)
     ) d ON true
     LEFT JOIN LATERAL (
         SELECT $4::boolean AND EXISTS (
