@@ -318,7 +318,7 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 					return
 				}
 				for len(lanes) > 0 && ctx.Err() == nil {
-					if lanes, _, err = e.reconcile(ctx, lanes); err != nil {
+					if lanes, _, err = e.reconcile(ctx, lanes, nil); err != nil {
 						t.Errorf("%s: reconcile: %v", e.worker, err)
 						return
 					}

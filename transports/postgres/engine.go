@@ -344,7 +344,12 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 // is computed from its rows, and lanes without pending rows are deleted.
 // Lanes a writer is locking right now are returned in retry; lanes that are
 // no longer ours are dropped. readyNow counts lanes that are ready at once.
-func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKey, readyNow int64, err error) {
+//
+// lasts holds, for lanes whose fetch handed out rows, the highest id handed
+// out: every row of the lane up to it existed when the fetch held the lane
+// locked, so no row at or below it can appear later (but by a requeue), and
+// the lane's floor may move up to the first pending row, at most last+1.
+func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneKey]int64) (retry []laneKey, readyNow int64, err error) {
 	if len(lanes) == 0 {
 		return nil, 0, nil
 	}
@@ -364,7 +369,7 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
 	}
 	if len(locked) > 0 {
-		n, err := e.settleLanes(ctx, tx, locked)
+		n, err := e.settleLanes(ctx, tx, locked, lasts)
 		if err != nil {
 			return lanes, 0, err
 		}
@@ -407,8 +412,8 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey) (retry []laneKe
 // again); a writer arriving after us waits for our commit and then corrects
 // the ready time itself. The locked ones are recomputed in a later statement,
 // whose snapshot includes every writer that held the lane before us.
-func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey) (readyNow int64, err error) {
-	careful, ready, err := e.recompute(ctx, tx, locked, false)
+func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey, lasts map[laneKey]int64) (readyNow int64, err error) {
+	careful, ready, err := e.recompute(ctx, tx, locked, lasts, false)
 	if err != nil {
 		return 0, err
 	}
@@ -427,7 +432,7 @@ func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey) (
 	}
 	settled := map[laneKey]bool{}
 	if len(exclusive) > 0 {
-		empty, ready, err := e.recompute(ctx, tx, exclusive, true)
+		empty, ready, err := e.recompute(ctx, tx, exclusive, lasts, true)
 		if err != nil {
 			return 0, err
 		}
@@ -475,9 +480,13 @@ func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey) (
 // recompute sets the next ready time of lanes from their rows. It returns
 // the lanes that need the careful path (empty ones, and, unless final,
 // asleep ones, which it leaves untouched) and how many lanes are ready now.
-func (e *engine) recompute(ctx context.Context, tx pgx.Tx, lanes []laneKey, final bool) (careful []laneKey, readyNow int64, err error) {
+func (e *engine) recompute(ctx context.Context, tx pgx.Tx, lanes []laneKey, lasts map[laneKey]int64, final bool) (careful []laneKey, readyNow int64, err error) {
 	lg, lt, lk := laneArrays(lanes)
-	rows, err := tx.Query(ctx, e.q.reconcile, lg, lt, lk, e.block, final)
+	ll := make([]int64, len(lanes))
+	for i, k := range lanes {
+		ll[i] = lasts[k]
+	}
+	rows, err := tx.Query(ctx, e.q.reconcile, lg, lt, lk, e.block, final, ll)
 	if err != nil {
 		return nil, 0, fmt.Errorf("reconcile lanes of %q: %w", e.q.table, err)
 	}

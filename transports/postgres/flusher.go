@@ -19,6 +19,7 @@ type flusher struct {
 type flushItem struct {
 	op   settleOp
 	lane *laneKey
+	last int64 // for a lane: the highest id its fetch handed out, 0 if none
 }
 
 func newFlusher(s *Subscriber) *flusher {
@@ -32,7 +33,9 @@ func newFlusher(s *Subscriber) *flusher {
 
 func (f *flusher) settle(op settleOp) { f.in <- flushItem{op: op} }
 
-func (f *flusher) lane(k laneKey) { f.in <- flushItem{lane: &k} }
+// lane gives back a lane whose run ended; last is the highest id of rows
+// its fetch handed out (0 for none), which lets the lane's floor move.
+func (f *flusher) lane(k laneKey, last int64) { f.in <- flushItem{lane: &k, last: last} }
 
 func (f *flusher) run() {
 	defer f.s.wg.Done()
@@ -40,6 +43,7 @@ func (f *flusher) run() {
 	var (
 		ops      []settleOp
 		lanes    []laneKey
+		lasts    = map[laneKey]int64{}
 		timer    = time.NewTimer(time.Hour)
 		armed    bool
 		failures int
@@ -64,7 +68,7 @@ func (f *flusher) run() {
 			ops = ops[:0]
 		}
 		if len(lanes) > 0 {
-			retry, ready, err := f.s.eng.reconcile(ctx, lanes)
+			retry, ready, err := f.s.eng.reconcile(ctx, lanes, lasts)
 			if err != nil {
 				f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(lanes))
 				return false
@@ -76,6 +80,7 @@ func (f *flusher) run() {
 			for _, k := range lanes {
 				if !keep[k] {
 					f.s.tracked.removeLane(k)
+					delete(lasts, k)
 				}
 			}
 			lanes = append(lanes[:0], retry...)
@@ -88,6 +93,9 @@ func (f *flusher) run() {
 	add := func(it flushItem) {
 		if it.lane != nil {
 			lanes = append(lanes, *it.lane)
+			if it.last > lasts[*it.lane] {
+				lasts[*it.lane] = it.last
+			}
 		} else {
 			ops = append(ops, it.op)
 		}

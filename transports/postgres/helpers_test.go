@@ -111,7 +111,7 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 	}
 	_, err = e.settle(ctx, ops)
 	require.NoError(t, err)
-	retry, _, err := e.reconcile(ctx, lanes)
+	retry, _, err := e.reconcile(ctx, lanes, nil)
 	require.NoError(t, err)
 	require.Empty(t, retry, "no writer holds a lane here, so every lane must be given back")
 	return out

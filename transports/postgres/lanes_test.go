@@ -59,7 +59,7 @@ func TestLanes_WriterRacingLaneDeletionIsNeverOrphaned(t *testing.T) {
 			pending := []laneKey{*lane}
 			for len(pending) > 0 {
 				var err error
-				pending, _, err = e.reconcile(ctx, pending)
+				pending, _, err = e.reconcile(ctx, pending, nil)
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -150,7 +150,7 @@ func TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed(t *testing.T) {
 			pending := []laneKey{*res.units[0].lane}
 			for len(pending) > 0 {
 				var err error
-				pending, _, err = e.reconcile(ctx, pending)
+				pending, _, err = e.reconcile(ctx, pending, nil)
 				if !assert.NoError(t, err) {
 					return
 				}

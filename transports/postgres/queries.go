@@ -123,20 +123,6 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
 	q.pick = build(`
 WITH lane AS (
     SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
-), floor AS (
-    -- The lane's first pending row, found from its floor: this walks only
-    -- the rows completed since the last fetch of the key.
-    SELECT lane.consumer_group, lane.topic, lane.partition_key, f.id
-    FROM lane CROSS JOIN LATERAL (
-        SELECT min(t.id) AS id FROM {T} t
-        WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
-          AND t.status = 'pending' AND t.id >= lane.floor_id
-    ) f
-    WHERE f.id > lane.floor_id
-), raised AS (
-    UPDATE {L} l SET floor_id = floor.id
-    FROM floor
-    WHERE l.consumer_group = floor.consumer_group AND l.topic = floor.topic AND l.partition_key = floor.partition_key
 ), line AS (
     SELECT lane.topic, lane.partition_key, r.id, r.deliverable
     FROM lane CROSS JOIN LATERAL (
@@ -287,11 +273,17 @@ WHERE l.locked_by = $1`)
 	q.reconcile = build(`
 WITH k AS (
     SELECT k.*, l.floor_id
-    FROM unnest($1::text[], $2::text[], $3::text[]) AS k(consumer_group, topic, partition_key)
+    FROM unnest($1::text[], $2::text[], $3::text[], $6::bigint[]) AS k(consumer_group, topic, partition_key, last_id)
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
 ), state AS (
     SELECT k.consumer_group, k.topic, k.partition_key, h.id AS head_id, h.ready AS head_ready,
-           d.min_sched AS delayed_min, b.blocked,
+           d.min_sched AS delayed_min, b.blocked, k.floor_id,
+           -- The next floor: the first pending row, at most one past the
+           -- last row the fetch handed out (rows after it may belong to a
+           -- writer that has not committed); unchanged without one.
+           CASE WHEN k.last_id > 0 THEN GREATEST(k.floor_id, LEAST(
+               COALESCE(d.min_id, 9223372036854775807), COALESCE(h.id, 9223372036854775807), k.last_id + 1))
+           ELSE k.floor_id END AS next_floor,
            -- Asleep: nothing in line, only delayed rows; the lane would sleep
            -- until the first is due. See engine.reconcile for why that needs
            -- a stronger lock.
@@ -307,7 +299,7 @@ WITH k AS (
         LIMIT 1
     ) h ON true
     LEFT JOIN LATERAL (
-        SELECT min(t.scheduled_at) AS min_sched
+        SELECT min(t.scheduled_at) AS min_sched, min(t.id) AS min_id
         FROM {T} t
         WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
           -- Written as a range (not "h.id IS NULL OR t.id < h.id") so the
@@ -323,6 +315,8 @@ WITH k AS (
 ), kept AS (
     UPDATE {L} l
     SET locked_by = NULL, locked_until = NULL, blocked = s.blocked,
+        -- A requeue that lowered the floor since our snapshot wins.
+        floor_id = CASE WHEN l.floor_id < s.floor_id THEN l.floor_id ELSE s.next_floor END,
         ready_at = CASE WHEN s.blocked THEN 'infinity'::timestamptz
                         ELSE LEAST(COALESCE(s.head_ready, 'infinity'), COALESCE(s.delayed_min, 'infinity')) END
     FROM state s

@@ -127,7 +127,7 @@ func (sub *subscription) start(parent, ctx context.Context, res fetchResult) (lo
 	}
 	for _, k := range res.idle {
 		s.tracked.addLane(k)
-		s.flush.lane(k)
+		s.flush.lane(k, 0)
 	}
 	return loose
 }
@@ -216,7 +216,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	defer func() {
 		s.tracked.done(u)
 		if u.lane != nil {
-			s.flush.lane(*u.lane)
+			s.flush.lane(*u.lane, u.rows[len(u.rows)-1].id)
 		}
 		sub.active.Add(-1)
 		signal(sub.unitDone)
