@@ -530,3 +530,29 @@ func TestSubscriber_PlainNackBacksOff(t *testing.T) {
 	st := stateOf(t, pool, ob, "always nacked")
 	assert.Equal(t, "pending", st.status, "a plain Nack never fails the row")
 }
+
+// The floor of a key moves past a row that failed; requeueing that row must
+// move it back, or the row would never be fetched again.
+func TestFloor_RequeuedRowBelowTheFloorIsDelivered(t *testing.T) {
+	t.Parallel()
+	f := newAdminFixture(t)
+	ctx := context.Background()
+	later := event("k", "later")
+	SetDeliverAt(later, time.Now().Add(time.Hour)) // keeps the lane alive
+	enqueue(t, f.pool, f.ob, "t", event("k", "first"), event("k", "second"), later)
+	e := testEngine(f.pool, f.ob, "w1", 16)
+	failFirst := func(r row) *settleOp {
+		if string(r.payload) == "first" {
+			return failWith(bus.ClassPermanent, time.Time{})(r)
+		}
+		return nil
+	}
+	require.Equal(t, []string{"first"}, payloads(cycle(t, e, 10, failFirst)))
+	require.Equal(t, []string{"second"}, payloads(cycle(t, e, 10, nil)))
+	var floor int64
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT floor_id FROM `+f.ob.q.table.derived("_lanes").quoted()+` WHERE partition_key = 'k'`).Scan(&floor))
+	require.Greater(t, floor, f.id("first"), "precondition: the floor moved past the failed row")
+
+	require.NoError(t, f.admin.Requeue(ctx, f.id("first")))
+	assert.Equal(t, []string{"first"}, payloads(cycle(t, e, 10, nil)), "the requeued row is fetched again")
+}
