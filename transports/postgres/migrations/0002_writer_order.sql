@@ -15,13 +15,6 @@
 -- it exclusively while it waits for the writers that came before the gate.
 ALTER TABLE {{.Lanes}} ADD COLUMN IF NOT EXISTS gated boolean NOT NULL DEFAULT false;
 
--- floor_id: no row of the lane with a smaller id is pending. A fetch moves
--- it up to the lane's first pending row while it holds the lane locked (so
--- every smaller id is committed or gone), and the lookups of the lane's rows
--- start there instead of walking the rows completed before (whatever plan
--- the statistics pick). A requeue of a failed row moves it back down.
-ALTER TABLE {{.Lanes}} ADD COLUMN IF NOT EXISTS floor_id bigint NOT NULL DEFAULT 0;
-
 DO $do$
 BEGIN
 EXECUTE format($fmt$
