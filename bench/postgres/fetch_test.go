@@ -7,9 +7,11 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -385,9 +387,12 @@ const singleKeyRows = 30_000
 // is pending, as after a burst on one key), with the relay's defaults
 // (RunLength 16) and with RunLength 64, into the in-memory sink. One key is
 // delivered one run at a time, so this is the relay's per-run cost: fetch,
-// settle and lane reconciliation. Metrics: `run16-evt/s`, `run64-evt/s`.
+// settle and lane reconciliation. Metrics: `run16-evt/s`, `run64-evt/s`, and
+// for RunLength 16 the rate of the first and of the last tenth of the
+// backlog (`run16-first-tenth-evt/s`, `run16-last-tenth-evt/s`): the cost per
+// run must not grow as rows complete.
 func BenchmarkSingleKeyDrain(b *testing.B) {
-	rates := map[int]float64{}
+	rates, firsts, lasts := map[int]float64{}, map[int]float64{}, map[int]float64{}
 	for range b.N {
 		for _, run := range []int{16, 64} {
 			b.StopTimer()
@@ -397,15 +402,36 @@ func BenchmarkSingleKeyDrain(b *testing.B) {
 			seed(b, pool, t, rows{n: singleKeyRows, keys: 1, prefix: hotKey})
 			pgbench.Vacuum(b, pool, t)
 			s := pgbench.NewSink(singleKeyRows)
+			// When the first and the last tenth of the backlog went out: the
+			// cost per run must not grow as rows complete.
+			var (
+				seen  atomic.Int64
+				marks [2]atomic.Int64 // UnixNano at 10 % and at 90 %
+			)
+			tenth := int64(singleKeyRows / 10)
+			s.OnPublish = func(*message.Message) {
+				switch seen.Add(1) {
+				case tenth:
+					marks[0].Store(time.Now().UnixNano())
+				case 9 * tenth:
+					marks[1].Store(time.Now().UnixNano())
+				}
+			}
 			b.StartTimer()
 			start := time.Now()
 			r := startRelay(b, pool, t, postgres.SubscriberConfig{RunLength: run}, s)
-			elapsed := s.Wait(b, throughputTimeout).Sub(start)
+			end := s.Wait(b, throughputTimeout)
+			elapsed := end.Sub(start)
 			b.StopTimer()
 			r.stop(b)
+			first := time.Unix(0, marks[0].Load()).Sub(start)
+			last := end.Sub(time.Unix(0, marks[1].Load()))
 			rates[run] += pgbench.PerSecond(singleKeyRows, elapsed)
-			b.Logf("RunLength %d: %d events of one key in %s (%.0f/s); %s",
-				run, singleKeyRows, elapsed.Round(time.Millisecond), pgbench.PerSecond(singleKeyRows, elapsed), pgbench.LoadAvg(3))
+			firsts[run] += pgbench.PerSecond(int(tenth), first)
+			lasts[run] += pgbench.PerSecond(int(tenth), last)
+			b.Logf("RunLength %d: %d events of one key in %s (%.0f/s); first tenth %.0f/s, last tenth %.0f/s; %s",
+				run, singleKeyRows, elapsed.Round(time.Millisecond), pgbench.PerSecond(singleKeyRows, elapsed),
+				pgbench.PerSecond(int(tenth), first), pgbench.PerSecond(int(tenth), last), pgbench.LoadAvg(3))
 			for _, l := range tr.top(3) {
 				b.Log("  " + l)
 			}
@@ -413,4 +439,6 @@ func BenchmarkSingleKeyDrain(b *testing.B) {
 	}
 	b.ReportMetric(rates[16]/float64(b.N), "run16-evt/s")
 	b.ReportMetric(rates[64]/float64(b.N), "run64-evt/s")
+	b.ReportMetric(firsts[16]/float64(b.N), "run16-first-tenth-evt/s")
+	b.ReportMetric(lasts[16]/float64(b.N), "run16-last-tenth-evt/s")
 }
