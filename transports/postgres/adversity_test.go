@@ -556,3 +556,26 @@ func TestFloor_RequeuedRowBelowTheFloorIsDelivered(t *testing.T) {
 	require.NoError(t, f.admin.Requeue(ctx, f.id("first")))
 	assert.Equal(t, []string{"first"}, payloads(cycle(t, e, 10, nil)), "the requeued row is fetched again")
 }
+
+// The same over an inbox table (the Dispatcher's subscriber).
+func TestSubscriber_InboxPlainNackBacksOff(t *testing.T) {
+	t.Parallel()
+	pool, in := newInbox(t)
+	_, err := in.Store(context.Background(), pool, "g", received("orders", "k", "", "always nacked"))
+	require.NoError(t, err)
+	s, err := NewSubscriber(pool, SubscriberConfig{Table: in.Table(), Kind: KindInbox, ConsumerGroup: "g",
+		TransientDelay: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ch, err := s.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+	n := 0
+	for m := range ch {
+		n++
+		m.Nack()
+	}
+	assert.GreaterOrEqual(t, n, 2, "the row is dispatched again")
+	assert.LessOrEqual(t, n, 6, "a plain Nack must not refetch the row in a hot loop")
+}
