@@ -377,14 +377,19 @@ func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
 	require.Equal(t, "r1", string(first.Payload))
 
 	// The first relay's lease runs out (as if it had been stopped), and a
-	// second relay takes the key: r1, r2, r3 are now its.
-	_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
-		UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
-	require.NoError(t, err)
+	// second relay takes the key: r1, r2, r3 are now its. (The first relay
+	// still renews every Lease/3; a renewal between the two statements wins,
+	// so try again until the second relay gets the key.)
 	second := testEngine(pool, ob, "second", 16)
-	res, err := second.fetch(ctx, AllTopics, 10, 10)
-	require.NoError(t, err)
-	require.Len(t, res.units, 1)
+	var res fetchResult
+	waitFor(t, "the second relay to take the key", 10*time.Second, func() bool {
+		_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
+			UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
+		require.NoError(t, err)
+		res, err = second.fetch(ctx, AllTopics, 10, 10)
+		require.NoError(t, err)
+		return len(res.units) == 1
+	})
 	require.Equal(t, []string{"r1", "r2", "r3"}, payloads(res.units[0].rows), "the second relay took the key")
 
 	// The first relay's next renewal finds the key taken.
