@@ -517,7 +517,19 @@ func TestSubscriber_PlainNackBacksOff(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
 	enqueue(t, pool, ob, "t", event("k", "always nacked"))
-	s, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), TransientDelay: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond}, nil)
+	n := nackFor2s(t, pool, SubscriberConfig{Table: ob.Table()})
+	t.Logf("deliveries of an always-nacked row in 2s with TransientDelay 500ms: %d", n)
+	st := stateOf(t, pool, ob, "always nacked")
+	assert.Equal(t, "pending", st.status, "a plain Nack never fails the row")
+}
+
+// nackFor2s subscribes with cfg (TransientDelay 500ms), Nacks every message
+// for 2 s without a settlement, checks that the row came back, but not in a
+// hot loop, and returns how many deliveries it saw.
+func nackFor2s(t *testing.T, pool *pgxpool.Pool, cfg SubscriberConfig) int {
+	t.Helper()
+	cfg.TransientDelay, cfg.PollInterval = 500*time.Millisecond, 50*time.Millisecond
+	s, err := NewSubscriber(pool, cfg, nil)
 	require.NoError(t, err)
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -529,11 +541,9 @@ func TestSubscriber_PlainNackBacksOff(t *testing.T) {
 		n++
 		m.Nack()
 	}
-	t.Logf("deliveries of an always-nacked row in 2s with TransientDelay 500ms: %d", n)
 	assert.GreaterOrEqual(t, n, 2, "the row is delivered again")
 	assert.LessOrEqual(t, n, 6, "a plain Nack must not refetch the row in a hot loop")
-	st := stateOf(t, pool, ob, "always nacked")
-	assert.Equal(t, "pending", st.status, "a plain Nack never fails the row")
+	return n
 }
 
 // The floor of a key moves past a row that failed; requeueing that row must
@@ -568,19 +578,5 @@ func TestSubscriber_InboxPlainNackBacksOff(t *testing.T) {
 	pool, in := newInbox(t)
 	_, err := in.Store(context.Background(), pool, "g", received("orders", "k", "", "always nacked"))
 	require.NoError(t, err)
-	s, err := NewSubscriber(pool, SubscriberConfig{Table: in.Table(), Kind: KindInbox, ConsumerGroup: "g",
-		TransientDelay: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond}, nil)
-	require.NoError(t, err)
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	ch, err := s.Subscribe(ctx, AllTopics)
-	require.NoError(t, err)
-	n := 0
-	for m := range ch {
-		n++
-		m.Nack()
-	}
-	assert.GreaterOrEqual(t, n, 2, "the row is dispatched again")
-	assert.LessOrEqual(t, n, 6, "a plain Nack must not refetch the row in a hot loop")
+	nackFor2s(t, pool, SubscriberConfig{Table: in.Table(), Kind: KindInbox, ConsumerGroup: "g"})
 }
