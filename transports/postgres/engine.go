@@ -340,6 +340,63 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	return n, nil
 }
 
+// settleIsolating writes ops like settle. When PostgreSQL refuses the batch
+// for what one of its rows holds (a data or constraint error, not a lost
+// connection), the batch is split in halves until the refused settlements
+// are found, so one row never stalls the others' acks. A refused failure is
+// stored again as a plain counted failure whose last_error says why; a
+// settlement refused even so is dropped with a log line, and its row comes
+// back when its lease expires (at least once, never lost).
+func (e *engine) settleIsolating(ctx context.Context, ops []settleOp, log func(msg string, args ...any)) (int64, error) {
+	n, err := e.settle(ctx, ops)
+	if err == nil || !isRowRefusal(err) {
+		return n, err
+	}
+	if len(ops) > 1 {
+		half := len(ops) / 2
+		a, errA := e.settleIsolating(ctx, ops[:half], log)
+		b, errB := e.settleIsolating(ctx, ops[half:], log)
+		return a + b, errors.Join(errA, errB)
+	}
+	o := ops[0]
+	if o.op == 'n' || o.op == 'p' {
+		o.err = storableText(fmt.Sprintf("omnibus: the failure's settlement could not be stored (%s); its own error text and retry time were dropped", pgErrorText(err)), 1024)
+		o.retryAt = nil
+		if n, err2 := e.settle(ctx, []settleOp{o}); err2 == nil {
+			log("omnibus: a failure's settlement was refused by the database; stored without its error text", "id", o.id, "error", err)
+			return n, nil
+		} else if !isRowRefusal(err2) {
+			return 0, err2
+		}
+	}
+	log("omnibus: the database refuses a row's settlement; the row is delivered again when its lease expires", "id", o.id, "error", err)
+	return 0, nil
+}
+
+// isRowRefusal reports whether PostgreSQL refused a statement for the data
+// it carries (class 22 data exception, 23 integrity violation, 54 program
+// limit, P0 raised by a trigger), rather than for the connection or the
+// server's state, where retrying the whole batch is right.
+func isRowRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54", "P0":
+		return true
+	}
+	return false
+}
+
+func pgErrorText(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return "SQLSTATE " + pgErr.Code + ": " + pgErr.Message
+	}
+	return err.Error()
+}
+
 // reconcile gives back lanes this worker holds: each lane's next ready time
 // is computed from its rows, and lanes without pending rows are deleted.
 // Lanes a writer is locking right now are returned in retry; lanes that are

@@ -59,7 +59,7 @@ func (f *flusher) run() {
 	flush := func(ctx context.Context) bool {
 		if len(ops) > 0 {
 			start := time.Now()
-			_, err := f.s.eng.settle(ctx, ops)
+			_, err := f.s.eng.settleIsolating(ctx, ops, f.s.log.Error)
 			f.s.observeSettle(len(ops), time.Since(start), err)
 			if err != nil {
 				f.s.log.Error("omnibus: writing settlements failed; will retry", "error", err, "rows", len(ops))

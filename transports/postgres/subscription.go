@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -333,12 +334,12 @@ func (s *Subscriber) nackOp(msg *message.Message, r row) settleOp {
 		t := time.Now().Add(s.cfg.TransientDelay)
 		return settleOp{id: r.id, op: 'p', inc: 1, err: "nacked without a settlement", retryAt: &t}
 	}
-	op := settleOp{id: r.id, op: 'n', err: truncate(st.Error, s.cfg.MaxErrorLength)}
+	op := settleOp{id: r.id, op: 'n', err: storableText(st.Error, s.cfg.MaxErrorLength)}
 	if op.err == "" {
 		op.err = st.Class.String() + " failure"
 	}
 	if !st.RetryAt.IsZero() {
-		t := st.RetryAt
+		t := storableTime(st.RetryAt)
 		op.retryAt = &t
 	}
 	switch st.Class {
@@ -355,7 +356,12 @@ func (s *Subscriber) nackOp(msg *message.Message, r row) settleOp {
 	return op
 }
 
-func truncate(s string, n int) string {
+// storableText makes an error text something a text column holds: valid
+// UTF-8 (invalid bytes become U+FFFD), without NUL (PostgreSQL refuses
+// both with 22021), at most n bytes, cut on a rune boundary.
+func storableText(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
 	if len(s) <= n {
 		return s
 	}
@@ -364,4 +370,23 @@ func truncate(s string, n int) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// Retry times are clamped to what both timestamptz and any client reading
+// it hold: a time past latestRetry (a RetryAt of year 300000, 22008 in
+// PostgreSQL) is stored as latestRetry, which is as good as never; a time
+// before the epoch is stored as the epoch, which is as good as now.
+var (
+	latestRetry   = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+	earliestRetry = time.Unix(0, 0).UTC()
+)
+
+func storableTime(t time.Time) time.Time {
+	switch {
+	case t.After(latestRetry):
+		return latestRetry
+	case t.Before(earliestRetry):
+		return earliestRetry
+	}
+	return t
 }

@@ -1,0 +1,203 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/bus"
+)
+
+// badFailures are handler failures whose settlement PostgreSQL cannot store
+// as given: a NUL byte in the error text (22021), invalid UTF-8 (22021), a
+// retry time past what timestamptz holds (22008). Every other row is acked.
+var badFailures = map[string]bus.Settlement{
+	"nul":  {Class: bus.ClassCounted, Error: "boom\x00 after a NUL"},
+	"utf8": {Class: bus.ClassCounted, Error: "bad \xff\xfe bytes"},
+	"far":  {Class: bus.ClassCounted, Error: "see you later", RetryAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
+}
+
+// settleBadFailures subscribes to the table, fails the rows named in
+// badFailures once each with their settlement, acks every other row, and
+// waits until every row is settled. The lease is long: a row whose
+// settlement was not written would come back only after it.
+func settleBadFailures(t *testing.T, pool *pgxpool.Pool, cfg SubscriberConfig, rows int) {
+	t.Helper()
+	cfg.Lease = 5 * time.Minute
+	s, err := NewSubscriber(pool, cfg, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := s.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+	failed := map[string]bool{}
+	settledAll := make(chan struct{})
+	go func() {
+		seen := 0
+		for m := range ch {
+			p := string(m.Payload)
+			if st, ok := badFailures[p]; ok && !failed[p] {
+				failed[p] = true
+				bus.Settle(m, st)
+				m.Nack()
+			} else {
+				m.Ack()
+			}
+			if seen++; seen == rows {
+				close(settledAll)
+			}
+		}
+	}()
+	select {
+	case <-settledAll:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not every row was delivered")
+	}
+	waitFor(t, "every settlement written (acks next to failures PostgreSQL cannot store as given)", 15*time.Second, func() bool {
+		var open int
+		require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(
+			`SELECT count(*) FROM %s WHERE locked_by IS NOT NULL OR (status = 'pending' AND attempts = 0)`,
+			quoteIdent(cfg.Table))).Scan(&open))
+		return open == 0
+	})
+}
+
+func quoteIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
+
+// checkBadFailuresStored asserts what was stored for each bad failure: one
+// attempt, an error text that is valid UTF-8 without NUL, a retry time
+// PostgreSQL holds.
+func checkBadFailuresStored(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	for p := range badFailures {
+		var (
+			status    string
+			attempts  int
+			lastError string
+			scheduled time.Time
+		)
+		require.NoError(t, pool.QueryRow(context.Background(), fmt.Sprintf(
+			`SELECT status, attempts, last_error, scheduled_at FROM %s WHERE payload = $1::bytea`, quoteIdent(table)),
+			[]byte(p)).Scan(&status, &attempts, &lastError, &scheduled), p)
+		assert.Equal(t, "pending", status, p)
+		assert.Equal(t, 1, attempts, "%s: the failure is counted once", p)
+		assert.True(t, utf8.ValidString(lastError), "%s: stored error text is valid UTF-8: %q", p, lastError)
+		assert.NotContains(t, lastError, "\x00", p)
+		assert.NotEmpty(t, lastError, p)
+		if p == "far" {
+			assert.True(t, scheduled.After(time.Now().Add(time.Hour)), "far: the retry stays in the far future, got %s", scheduled)
+		}
+	}
+	assert.Contains(t, lastErrorOf(t, pool, table, "nul"), "boom")
+	assert.Contains(t, lastErrorOf(t, pool, table, "nul"), "after a NUL")
+}
+
+func lastErrorOf(t *testing.T, pool *pgxpool.Pool, table, payload string) string {
+	t.Helper()
+	var s string
+	require.NoError(t, pool.QueryRow(context.Background(), fmt.Sprintf(
+		`SELECT last_error FROM %s WHERE payload = $1::bytea`, quoteIdent(table)), []byte(payload)).Scan(&s))
+	return s
+}
+
+func badFailureMessages(make func(key, payload string) *message.Message) []*message.Message {
+	var msgs []*message.Message
+	for _, p := range []string{"ok1", "nul", "ok2", "utf8", "ok3", "far", "ok4"} {
+		msgs = append(msgs, make("key-"+p, p))
+	}
+	return msgs
+}
+
+// A failure PostgreSQL cannot store as given (NUL, invalid UTF-8, a retry
+// time out of range) must not stop the settlement of every other row.
+func TestSettle_BadFailureTextDoesNotStallOtherSettlements(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	msgs := badFailureMessages(event)
+	enqueue(t, pool, ob, "t", msgs...)
+	settleBadFailures(t, pool, SubscriberConfig{Table: ob.Table()}, len(msgs))
+	checkBadFailuresStored(t, pool, ob.Table())
+}
+
+// The same over an inbox table.
+func TestSettle_InboxBadFailureTextDoesNotStallOtherSettlements(t *testing.T) {
+	t.Parallel()
+	pool, in := newInbox(t)
+	msgs := badFailureMessages(func(key, payload string) *message.Message { return received("orders", key, "", payload) })
+	_, err := in.Store(context.Background(), pool, "g", msgs...)
+	require.NoError(t, err)
+	settleBadFailures(t, pool, SubscriberConfig{Table: in.Table(), Kind: KindInbox, ConsumerGroup: "g"}, len(msgs))
+	checkBadFailuresStored(t, pool, in.Table())
+}
+
+// A batch that still fails after cleaning (here a trigger refuses one row's
+// update, standing in for any error we did not foresee) is split: every
+// other row is settled, and the refused failure is stored as a failure the
+// row can hold, saying why.
+func TestSettle_BatchThatStillFailsIsSplit(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, fmt.Sprintf(`
+CREATE FUNCTION %[1]s() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.last_error LIKE '%%refuse me%%' THEN RAISE EXCEPTION 'refused by test trigger' USING ERRCODE = '22023'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s();`,
+		quoteIdent(ob.Table()+"_refuse"), quoteIdent(ob.Table())))
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP FUNCTION IF EXISTS `+quoteIdent(ob.Table()+"_refuse")+` CASCADE`) })
+
+	var msgs []*message.Message
+	for i := range 6 {
+		msgs = append(msgs, event(fmt.Sprint("k", i), fmt.Sprint("ok", i)))
+	}
+	msgs = append(msgs, event("bad", "refused"))
+	enqueue(t, pool, ob, "t", msgs...)
+
+	s, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), Lease: 5 * time.Minute}, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := s.Subscribe(sctx, AllTopics)
+	require.NoError(t, err)
+	go func() {
+		for m := range ch {
+			if string(m.Payload) == "refused" {
+				bus.Settle(m, bus.Settlement{Class: bus.ClassCounted, Error: "please refuse me"})
+				m.Nack()
+				continue
+			}
+			m.Ack()
+		}
+	}()
+	waitFor(t, "the acks next to a failure the database refuses are written", 15*time.Second, func() bool {
+		var done int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+quoteIdent(ob.Table())+` WHERE status = 'completed'`).Scan(&done))
+		return done == 6
+	})
+	waitFor(t, "the refused failure stored in a form the row can hold", 15*time.Second, func() bool {
+		var locked bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT locked_by IS NOT NULL FROM `+quoteIdent(ob.Table())+` WHERE payload = 'refused'::bytea`).Scan(&locked))
+		return !locked
+	})
+	var (
+		attempts  int
+		lastError string
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, last_error FROM `+quoteIdent(ob.Table())+` WHERE payload = 'refused'::bytea`).Scan(&attempts, &lastError))
+	assert.Equal(t, 1, attempts, "the failure is still counted")
+	assert.Contains(t, lastError, "could not be stored", "last_error says the settlement was refused")
+	assert.Contains(t, lastError, "22023", "last_error names the database's refusal")
+}
