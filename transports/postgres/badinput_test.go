@@ -201,3 +201,49 @@ CREATE TRIGGER refuse BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	assert.Contains(t, lastError, "could not be stored", "last_error says the settlement was refused")
 	assert.Contains(t, lastError, "22023", "last_error names the database's refusal")
 }
+
+// Enqueue checks text the way the inbox does: a NUL byte or invalid UTF-8
+// in any text the outbox stores is an InvalidMessageError naming the field,
+// before any SQL runs, so the caller's transaction stays usable and nothing
+// is stored altered.
+func TestEnqueue_TextPostgreSQLCannotStoreIsRefusedByField(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	cases := []struct {
+		name, field, topic string
+		edit               func(*message.Message)
+	}{
+		{"topic with NUL", "topic", "or\x00ders", nil},
+		{"topic not UTF-8", "topic", "or\xffders", nil},
+		{"partition key with NUL", bus.KeyPartitionKey, "t", func(m *message.Message) { bus.SetPartitionKey(m, "k\x00") }},
+		{"partition key not UTF-8", bus.KeyPartitionKey, "t", func(m *message.Message) { bus.SetPartitionKey(m, "k\xc3") }},
+		{"event type with NUL", bus.KeyEventType, "t", func(m *message.Message) { bus.SetEventType(m, "order\x00paid") }},
+		{"event type not UTF-8", bus.KeyEventType, "t", func(m *message.Message) { bus.SetEventType(m, "order\xffpaid") }},
+		{"metadata key with NUL", "Metadata", "t", func(m *message.Message) { m.Metadata.Set("a\x00b", "v") }},
+		{"metadata key not UTF-8", "Metadata", "t", func(m *message.Message) { m.Metadata.Set("a\xffb", "v") }},
+		{"metadata value with NUL", "Metadata", "t", func(m *message.Message) { m.Metadata.Set("note", "v\x00") }},
+		{"metadata value not UTF-8", "Metadata", "t", func(m *message.Message) { m.Metadata.Set("note", "caf\xe9") }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			msg := event("", "payload")
+			if c.edit != nil {
+				c.edit(msg)
+			}
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			err = ob.Enqueue(ctx, tx, c.topic, event("ok", "fine"), msg)
+			var invalid *InvalidMessageError
+			require.ErrorAs(t, err, &invalid, "want an InvalidMessageError, got %v", err)
+			assert.Equal(t, c.field, invalid.Field)
+			var one int
+			require.NoError(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&one), "the caller's transaction is not aborted")
+			require.NoError(t, tx.Commit(ctx))
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+quoteIdent(ob.Table())).Scan(&n))
+			assert.Zero(t, n, "nothing of a refused batch is written")
+		})
+	}
+}

@@ -137,6 +137,10 @@ func (e *InvalidMessageError) Error() string {
 // When ctx carries an OpenTelemetry span, its W3C trace context is stored in
 // each event's metadata (traceparent, tracestate), replacing any the message
 // carried, so the relay and the consumers continue the caller's trace.
+// Text that PostgreSQL cannot store (a NUL byte or invalid UTF-8 in the
+// topic, partition key, event type, or a metadata key or value) makes a
+// message invalid; it is refused before any SQL runs, so the caller's
+// transaction stays usable and nothing is stored altered.
 // If any message is invalid, nothing is written and the error names it.
 func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*message.Message) error {
 	if topic == "" {
@@ -168,6 +172,9 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 			return bad("UUID", "not a UUID (the outbox keys events by UUID)")
 		}
 		ids[i] = id
+		if why := badText(topic); why != "" {
+			return bad("topic", why)
+		}
 		if len(msg.Payload) > o.cfg.MaxPayloadBytes {
 			return bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), o.cfg.MaxPayloadBytes))
 		}
@@ -194,7 +201,18 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 					return bad(MetaMaxAttempts, "want a whole number from 1 to 1000")
 				}
 				attempts[i] = int32(a)
+			case bus.KeyPartitionKey, bus.KeyEventType:
+				if why := badText(v); why != "" {
+					return bad(k, why)
+				}
+				meta[k] = v
 			default:
+				if why := badText(k); why != "" {
+					return bad("Metadata", fmt.Sprintf("key %q: %s", k, why))
+				}
+				if why := badText(v); why != "" {
+					return bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
+				}
 				meta[k] = v
 			}
 		}
