@@ -44,8 +44,8 @@ func (s BreakerState) String() string {
 
 // CircuitBreakerConfig configures a CircuitBreaker.
 type CircuitBreakerConfig struct {
-	// FailureThreshold is how many failures in a row open the breaker.
-	// Default DefaultFailureThreshold.
+	// FailureThreshold is how many different messages failing in a row (no
+	// success in between) open the breaker. Default DefaultFailureThreshold.
 	FailureThreshold int
 	// OpenTimeout is how long the breaker stays open before it lets one probe
 	// through. Default DefaultOpenTimeout.
@@ -74,12 +74,18 @@ func (c CircuitBreakerConfig) Validate() error {
 	return nil
 }
 
-// CircuitBreaker protects a failing target. After FailureThreshold failures
-// in a row (permanent failures, which are the message's fault, do not count)
-// it opens: messages are not handled and fail with a transient ErrCircuitOpen,
-// so no attempts are burned while the target is down. After OpenTimeout one
-// probe goes through; its success closes the breaker. While the breaker is
-// open or probing, failures of the target are marked transient too.
+// CircuitBreaker protects a failing target. When FailureThreshold different
+// messages have failed in a row (no success in between; permanent failures,
+// which are the message's fault, do not count, and one message failing again
+// counts once) it opens: messages are not handled and fail with a transient
+// ErrCircuitOpen, so no attempts are spent on messages that were never tried
+// while the target is down. After OpenTimeout one probe goes through; its
+// success closes the breaker, its failure opens it again.
+//
+// The breaker never changes the class of a failure it let through: a message
+// that was attempted and failed is counted (DESIGN §3), so a poison message
+// reaches its max attempts whether or not the breaker opened, and a single
+// poison message failing again and again never opens it.
 type CircuitBreaker struct {
 	cfg CircuitBreakerConfig
 	log *slog.Logger
@@ -87,7 +93,7 @@ type CircuitBreaker struct {
 
 	mu       sync.Mutex
 	state    BreakerState
-	failures int
+	failing  map[string]struct{} // messages that failed since the last success
 	openedAt time.Time
 	probing  bool
 }
@@ -98,7 +104,7 @@ func NewCircuitBreaker(cfg CircuitBreakerConfig, logger *slog.Logger) (*CircuitB
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
-	return &CircuitBreaker{cfg: cfg, log: bus.LoggerOrNop(logger), now: time.Now}, nil
+	return &CircuitBreaker{cfg: cfg, log: bus.LoggerOrNop(logger), now: time.Now, failing: map[string]struct{}{}}, nil
 }
 
 // State returns the current state.
@@ -116,7 +122,8 @@ func (b *CircuitBreaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, bus.Transient(ErrCircuitOpen)
 		}
 		out, err := h(msg)
-		return out, b.record(probe, err)
+		b.record(probe, msg.UUID, err)
+		return out, err
 	}
 }
 
@@ -141,34 +148,31 @@ func (b *CircuitBreaker) admit() (probe, ok bool) {
 	}
 }
 
-func (b *CircuitBreaker) record(probe bool, err error) error {
+func (b *CircuitBreaker) record(probe bool, id string, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if probe {
 		b.probing = false
 	}
 	if err == nil || bus.ClassOf(err) == bus.ClassPermanent {
-		b.failures = 0
+		clear(b.failing)
 		if b.state != BreakerClosed && (probe || err == nil) {
 			b.setState(BreakerClosed)
 		}
-		return err
+		return
 	}
-	b.failures++
+	if len(b.failing) < b.cfg.FailureThreshold {
+		b.failing[id] = struct{}{}
+	}
 	switch {
 	case b.state == BreakerHalfOpen && probe:
 		b.openedAt = b.now()
 		b.setState(BreakerOpen)
-		return bus.Transient(err)
-	case b.state != BreakerClosed:
-		return bus.Transient(err)
-	case b.failures >= b.cfg.FailureThreshold:
+	case b.state == BreakerClosed && len(b.failing) >= b.cfg.FailureThreshold:
 		b.openedAt = b.now()
 		b.setState(BreakerOpen)
-		b.log.Warn("omnibus: circuit breaker opened", "failures", b.failures, "error", err)
-		return bus.Transient(err)
+		b.log.Warn("omnibus: circuit breaker opened", "failed_messages", len(b.failing), "error", err)
 	}
-	return err
 }
 
 func (b *CircuitBreaker) setState(s BreakerState) {

@@ -162,7 +162,9 @@ func TestRetry_InProcessWithoutDelivery(t *testing.T) {
 	assert.Equal(t, 3, calls)
 }
 
-func TestTimeout_MarksSlowTargetTransient(t *testing.T) {
+// A timeout is a failure of an attempted message: it is counted like any
+// other (DESIGN §3), so a message that always times out reaches max_attempts.
+func TestTimeout_SlowTargetIsCountedLikeAnyFailure(t *testing.T) {
 	t.Parallel()
 	h := Timeout(20 * time.Millisecond)(func(m *message.Message) ([]*message.Message, error) {
 		<-m.Context().Done()
@@ -170,7 +172,7 @@ func TestTimeout_MarksSlowTargetTransient(t *testing.T) {
 	})
 	_, err := h(handlerMsg())
 	require.Error(t, err)
-	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err))
+	assert.Equal(t, bus.ClassCounted, bus.ClassOf(err))
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
@@ -183,17 +185,54 @@ func TestCircuitBreaker_OpensAfterThresholdAndFailsFastTransient(t *testing.T) {
 		calls++
 		return nil, errors.New("target down")
 	})
-	for i := 0; i < 2; i++ {
+	for i := 0; i < 3; i++ {
 		_, err := h(handlerMsg())
-		assert.Equal(t, bus.ClassCounted, bus.ClassOf(err), "below the threshold failures keep their class")
+		assert.Equal(t, bus.ClassCounted, bus.ClassOf(err), "a message that was attempted and failed is counted, breaker or not")
 	}
-	_, err = h(handlerMsg())
-	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "the failure that opens the breaker is transient")
 	assert.Equal(t, BreakerOpen, b.State())
 	_, err = h(handlerMsg())
 	assert.ErrorIs(t, err, ErrCircuitOpen)
-	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err))
+	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "a message the open breaker did not attempt spends nothing")
 	assert.Equal(t, 3, calls, "an open breaker does not call the target")
+}
+
+// One poison message failing again and again says nothing about the target:
+// it must not open the breaker (which would hold every other key back), and
+// each of its failures is counted, so it reaches max_attempts.
+func TestCircuitBreaker_OneMessageFailingAgainDoesNotOpenIt(t *testing.T) {
+	t.Parallel()
+	b, err := NewCircuitBreaker(CircuitBreakerConfig{FailureThreshold: 3, OpenTimeout: time.Hour}, nil)
+	require.NoError(t, err)
+	h := b.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, errors.New("poison")
+	})
+	poison := handlerMsg()
+	for i := 0; i < 10; i++ {
+		_, err := h(poison)
+		assert.Equal(t, bus.ClassCounted, bus.ClassOf(err), "failure %d of the poison message is counted", i+1)
+	}
+	assert.Equal(t, BreakerClosed, b.State())
+	other := handlerMsg()
+	_, err = h(other)
+	assert.NotErrorIs(t, err, ErrCircuitOpen, "other messages are still attempted")
+}
+
+// A probe is an attempt: when it fails, the failure is counted and the
+// breaker opens again.
+func TestCircuitBreaker_FailedProbeIsCounted(t *testing.T) {
+	t.Parallel()
+	b, err := NewCircuitBreaker(CircuitBreakerConfig{FailureThreshold: 1, OpenTimeout: time.Minute}, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	b.now = func() time.Time { return now }
+	h := b.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("down") })
+	_, _ = h(handlerMsg())
+	require.Equal(t, BreakerOpen, b.State())
+	now = now.Add(2 * time.Minute)
+	_, err = h(handlerMsg())
+	assert.Equal(t, bus.ClassCounted, bus.ClassOf(err))
+	assert.NotErrorIs(t, err, ErrCircuitOpen)
+	assert.Equal(t, BreakerOpen, b.State())
 }
 
 func TestCircuitBreaker_ProbeClosesIt(t *testing.T) {

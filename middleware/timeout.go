@@ -2,21 +2,21 @@ package middleware
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/omnibus-go/omnibus/bus"
 )
 
 // DefaultTimeout is the relay's handler timeout.
 const DefaultTimeout = 30 * time.Second
 
 // Timeout bounds each handler call: the message's context gets a deadline of
-// d. An error that comes back after the deadline passed, and is not already
-// classified, is marked transient: the target was too slow, which is not the
-// message's fault, so no attempt is spent.
+// d. A call that runs out of time failed an attempt and keeps its class:
+// unless the handler classified it otherwise, it is counted (DESIGN §3), so
+// a message that always times out reaches its max attempts instead of being
+// retried forever. A target that is down for everyone is the circuit
+// breaker's business: after a few different messages fail it stops trying
+// the others, and those spend nothing.
 func Timeout(d time.Duration) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -25,14 +25,7 @@ func Timeout(d time.Duration) message.HandlerMiddleware {
 			defer cancel()
 			msg.SetContext(ctx)
 			defer msg.SetContext(parent)
-			out, err := h(msg)
-			if err != nil && ctx.Err() != nil && parent.Err() == nil {
-				var ce *bus.ClassifiedError
-				if !errors.As(err, &ce) {
-					err = bus.Transient(err)
-				}
-			}
-			return out, err
+			return h(msg)
 		}
 	}
 }

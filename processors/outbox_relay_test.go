@@ -169,7 +169,8 @@ func TestOutboxRelay_BrokerOutageSpendsNoAttempts(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if down {
-			return fmt.Errorf("dial broker: %w", errors.New("connection refused"))
+			// As a transport reports a connection-level error.
+			return bus.Transient(fmt.Errorf("dial broker: %w", errors.New("connection refused")))
 		}
 		return nil
 	})
@@ -200,6 +201,62 @@ func TestOutboxRelay_BrokerOutageSpendsNoAttempts(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT coalesce(sum(attempts), 0) FROM `+pgx.Identifier{ob.Table()}.Sanitize()).Scan(&spent))
 	assert.Zero(t, spent, "an outage of the broker must not spend attempts")
+}
+
+// A poison head (a publish that fails with a plain error every time) spends
+// exactly max_attempts tries and then fails, with the default breaker and
+// attempt budget, and never makes the breaker hold the other keys back.
+func TestOutboxRelay_PoisonHeadFailsAfterExactlyMaxAttempts(t *testing.T) {
+	t.Parallel()
+	pool, ob := newTable(t)
+	ctx := context.Background()
+	tgt := newTarget(func(payload string, _ int) error {
+		if payload == "poison" {
+			return errors.New("rejected: always")
+		}
+		return nil
+	})
+	var msgs []*message.Message
+	msgs = append(msgs, keyed("p", "poison"), keyed("p", "after-poison"))
+	for k := range 10 {
+		for i := range 10 {
+			msgs = append(msgs, keyed(fmt.Sprint("k", k), fmt.Sprint("k", k, "-", i)))
+		}
+	}
+	require.NoError(t, ob.Enqueue(ctx, pool, "orders", msgs...))
+	var opened sync.Map
+	relay := startRelay(t, pool, processors.OutboxRelayConfig{
+		Publisher:  tgt,
+		Subscriber: postgres.SubscriberConfig{Table: ob.Table(), PollInterval: 20 * time.Millisecond},
+		// The default budget (6 attempts) and breaker (5 failures); only the
+		// backoff is short so the test does not wait minutes.
+		Retry: middleware.RetryConfig{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond},
+		Breaker: middleware.CircuitBreakerConfig{OnStateChange: func(_, to middleware.BreakerState) {
+			opened.Store(to, true)
+		}},
+	})
+	require.Equal(t, middleware.DefaultFailureThreshold, 5, "precondition: the default breaker")
+	table := pgx.Identifier{ob.Table()}.Sanitize()
+	waitFor(t, "the poison row failed after its budget", 30*time.Second, func() bool {
+		var status string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM `+table+` WHERE payload = 'poison'`).Scan(&status))
+		return status == "failed"
+	})
+	waitFor(t, "every other row delivered", 30*time.Second, func() bool {
+		_, d := tgt.snapshot()
+		return len(d) == len(msgs)-1
+	})
+	var spent, budget int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, max_attempts FROM `+table+` WHERE payload = 'poison'`).Scan(&spent, &budget))
+	assert.Equal(t, postgres.DefaultMaxAttempts, budget, "precondition: the default budget")
+	assert.Equal(t, budget, spent, "the attempts column equals the tries")
+	tgt.mu.Lock()
+	tries := tgt.tries["poison"]
+	tgt.mu.Unlock()
+	assert.Equal(t, budget, tries, "the poison row is tried exactly max_attempts times")
+	_, wasOpen := opened.Load(middleware.BreakerOpen)
+	assert.False(t, wasOpen, "one poison message must not open the breaker")
+	assert.Equal(t, middleware.BreakerClosed, relay.Breaker().State())
 }
 
 // The stand test: many relays, concurrent writers, a flaky target; nothing
