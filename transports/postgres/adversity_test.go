@@ -275,8 +275,8 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 					return
 				}
 				var ops []settleOp
-				for _, id := range res.cut {
-					ops = append(ops, settleOp{id: id, op: 'r'})
+				for _, r := range res.cut {
+					ops = append(ops, r.settle('r'))
 				}
 				lanes := append([]laneKey(nil), res.idle...)
 				mu.Lock()
@@ -293,13 +293,15 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 						if roll := rand.IntN(10); roll < 2 && i == 0 {
 							// A failure: retry now (counted) or transient.
 							now := time.Now()
-							ops = append(ops, settleOp{id: r.id, op: 'n', inc: roll, err: "boom", retryAt: &now})
+							op := r.settle('n')
+							op.inc, op.err, op.retryAt = roll, "boom", &now
+							ops = append(ops, op)
 							for _, rest := range u.rows[1:] {
-								ops = append(ops, settleOp{id: rest.id, op: 'r'})
+								ops = append(ops, rest.settle('r'))
 							}
 							break
 						}
-						ops = append(ops, settleOp{id: r.id, op: 'a'})
+						ops = append(ops, r.settle('a'))
 						done++
 					}
 					lanes = append(lanes, *u.lane)

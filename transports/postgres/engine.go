@@ -81,18 +81,23 @@ type fetchResult struct {
 	lanes int // lanes leased in all
 	// cut are rows leased by the fetch but not handed out: a row before
 	// them in their run failed the lock-time re-check. Release them.
-	cut []int64
+	cut []row
 }
 
 // settleOp is the settlement of one row.
 type settleOp struct {
 	id      int64
 	op      byte // 'a' ack, 'n' nack, 'p' plain nack, 'r' release
-	inc     int
+	lease   int  // the row's attempts as its lease set them (a settlement of another lease changes nothing)
+	inc     int  // 1: the failure is counted; 0: it is not (transient)
 	giveUp  bool
 	retryAt *time.Time
 	err     string
 }
+
+// settle returns the settlement op for r with its lease; the caller fills in
+// the failure's details.
+func (r row) settle(op byte) settleOp { return settleOp{id: r.id, op: op, lease: r.attempts + 1} }
 
 // engine runs the statements of one table for one worker. It holds no
 // goroutines; the Subscriber drives it, and tests drive it cycle by cycle.
@@ -253,7 +258,7 @@ func (e *engine) scanPicked(rows pgx.Rows, start time.Time, res *fetchResult) er
 			return fmt.Errorf("scan: %w", err)
 		}
 		if !ok {
-			res.cut = append(res.cut, r.id)
+			res.cut = append(res.cut, r)
 			continue
 		}
 		r.eventID = deref(eventID)
@@ -310,19 +315,24 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	}
 	var (
 		acks, releases []int64
+		ackLeases      []int32
+		releaseLeases  []int32
 		ids            []int64
 		kinds          []string
 		incs           []int32
 		giveUps        []bool
 		retryAts       []*time.Time
 		errs           []string
+		leases         []int32
 	)
 	for _, o := range ops {
 		switch o.op {
 		case 'a':
 			acks = append(acks, o.id)
+			ackLeases = append(ackLeases, int32(o.lease))
 		case 'r':
 			releases = append(releases, o.id)
+			releaseLeases = append(releaseLeases, int32(o.lease))
 		default:
 			ids = append(ids, o.id)
 			kinds = append(kinds, string(o.op))
@@ -330,10 +340,12 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 			giveUps = append(giveUps, o.giveUp)
 			retryAts = append(retryAts, o.retryAt)
 			errs = append(errs, o.err)
+			leases = append(leases, int32(o.lease))
 		}
 	}
 	var n int64
-	err := e.pool.QueryRow(ctx, e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs).Scan(&n)
+	err := e.pool.QueryRow(ctx, e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs,
+		releaseLeases, leases, ackLeases).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
 	}

@@ -84,8 +84,8 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 		ops   []settleOp
 		lanes = append([]laneKey(nil), res.idle...)
 	)
-	for _, id := range res.cut {
-		ops = append(ops, settleOp{id: id, op: 'r'})
+	for _, r := range res.cut {
+		ops = append(ops, r.settle('r'))
 	}
 	for _, u := range res.units {
 		for i, r := range u.rows {
@@ -95,13 +95,13 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 				op = decide(r)
 			}
 			if op == nil {
-				ops = append(ops, settleOp{id: r.id, op: 'a'})
+				ops = append(ops, r.settle('a'))
 				continue
 			}
-			op.id = r.id
+			op.id, op.lease = r.id, r.attempts+1
 			ops = append(ops, *op)
 			for _, rest := range u.rows[i+1:] {
-				ops = append(ops, settleOp{id: rest.id, op: 'r'})
+				ops = append(ops, rest.settle('r'))
 			}
 			break
 		}

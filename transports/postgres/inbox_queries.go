@@ -38,6 +38,6 @@ WHERE consumer_group = $1 AND message_id = ANY($2::text[])`,
 func completeRowSQL(t tableName) string {
 	return `
 UPDATE ` + t.quoted() + `
-SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL
-WHERE id = $1 AND locked_by = $2 AND status = 'pending'`
+SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL, attempts = attempts - 1
+WHERE id = $1 AND locked_by = $2 AND status = 'pending' AND attempts = $3`
 }

@@ -120,6 +120,15 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
 	// between our snapshot and our lock). A run row that fails the re-check
 	// ends its run: ok is false for it and every row behind it, and the
 	// caller releases those it leased.
+	//
+	// A delivery is counted when it is leased (attempts + 1, as River does),
+	// so a message whose handling kills the process still spends its
+	// attempt; the settlement then takes back what it should not have cost
+	// (a transient failure, a row released unhandled). A row still leased
+	// (locked_by set, its lease expired) lost its last lease without a
+	// settlement; when its attempts are all spent, exhausted fails it,
+	// saying so, instead of handing it out again. RETURNING gives attempts spent before this
+	// delivery, which is what bus.Delivery reports.
 	q.pick = build(`
 WITH lane AS (
     SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
@@ -155,14 +164,26 @@ WITH lane AS (
     ORDER BY t.scheduled_at, t.id
     LIMIT $7
     FOR UPDATE SKIP LOCKED
-), picked AS (
+), exhausted AS (
     UPDATE {T} t
-    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval
+    SET status = 'failed', locked_by = NULL, locked_until = NULL,
+        last_error = format('omnibus: gave up after %s attempts: the last delivery''s lease expired without a settlement '
+                            '(the process handling it died or lost its lease: a panic past the Recoverer, os.Exit, OOM)', t.attempts)
+                     || COALESCE('; the error before: ' || t.last_error, '')
     WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
       AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
       AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
+      AND t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts
+    RETURNING t.id
+), picked AS (
+    UPDATE {T} t
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, attempts = t.attempts + 1
+    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
+      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
+      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
+      AND NOT (t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts)
     RETURNING t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
-              t.attempts, t.max_attempts, t.created_at
+              t.attempts - 1 AS attempts, t.max_attempts, t.created_at
 ), handed AS (
     SELECT r.id, bool_and(p.id IS NOT NULL) OVER (PARTITION BY r.topic, r.partition_key ORDER BY r.id) AS ok
     FROM run r LEFT JOIN picked p ON p.id = r.id
@@ -217,36 +238,48 @@ LIMIT $4`)
 
 	// Settlement of many rows in one statement, guarded by the lease so a
 	// worker whose lease was taken over never clobbers the new holder's row.
-	// Acks ($2) and releases ($3, rows given back untouched) are addressed
-	// by id = ANY(...), which the planner always serves from the primary key;
-	// failures ($4..$9, few) carry their own values: op n = nack (may fail
-	// the row), p = plain nack (counts an attempt, retries after TransientDelay, keeps the row pending: a
-	// Nack without a settlement means "deliver again", as everywhere in
+	// Acks ($2, with $12 the attempts their lease set) are addressed by
+	// id = ANY(...), which the planner always serves from the primary key;
+	// an ack completes the row even from an older lease (it was delivered)
+	// and takes back its lease's count when it is the current one, so a
+	// completed row's attempts are its counted failures. Releases ($3, rows given back unhandled,
+	// with $10 the attempts their lease set) and failures ($4..$9, few)
+	// carry the attempts value of the lease they settle: the lease counted
+	// the delivery, a release takes it back, a failure keeps it (inc 1) or
+	// takes it back (inc 0, transient), and a settlement from an older lease
+	// of the same row (re-leased after its lease expired, even by the same
+	// worker) changes nothing, so attempts equal the counted failures
+	// exactly. op n = nack (may fail the row), p = plain nack (counts an
+	// attempt, retries after TransientDelay, keeps the row pending: a Nack
+	// without a settlement means "deliver again", as everywhere in
 	// Watermill).
 	q.settle = build(`
 WITH acked AS (
     UPDATE {T} t
-    SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL
-    WHERE t.id = ANY($2::bigint[]) AND t.locked_by = $1
+    SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
+        attempts = t.attempts - (t.attempts = u.lease)::int
+    FROM unnest($2::bigint[], $12::int[]) AS u(id, lease)
+    WHERE t.id = u.id AND t.id = ANY($2::bigint[]) AND t.locked_by = $1
     RETURNING 1
 ), released AS (
     UPDATE {T} t
-    SET locked_by = NULL, locked_until = NULL
-    WHERE t.id = ANY($3::bigint[]) AND t.locked_by = $1
+    SET locked_by = NULL, locked_until = NULL, attempts = t.attempts - 1
+    FROM unnest($3::bigint[], $10::int[]) AS u(id, lease)
+    WHERE t.id = u.id AND t.id = ANY($3::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
     RETURNING 1
 ), failed AS (
     UPDATE {T} t SET
         status = CASE
-            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc >= t.max_attempts) THEN 'failed'
+            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc - 1 >= t.max_attempts) THEN 'failed'
             ELSE t.status END,
-        attempts     = t.attempts + u.inc,
+        attempts     = t.attempts + u.inc - 1,
         last_error   = u.err,
         scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
         locked_by    = NULL,
         locked_until = NULL
-    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[])
-         AS u(id, op, inc, give_up, retry_at, err)
-    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1
+    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[], $11::int[])
+         AS u(id, op, inc, give_up, retry_at, err, lease)
+    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)`)

@@ -123,8 +123,8 @@ func (sub *subscription) start(parent, ctx context.Context, res fetchResult) (lo
 		sub.units.Add(1)
 		go sub.deliver(context.WithoutCancel(parent), ctx, u)
 	}
-	for _, id := range res.cut {
-		s.flush.settle(settleOp{id: id, op: 'r'})
+	for _, r := range res.cut {
+		s.flush.settle(r.settle('r'))
 	}
 	for _, k := range res.idle {
 		s.tracked.addLane(k)
@@ -248,7 +248,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		cancel()
 		switch out {
 		case acked:
-			s.flush.settle(settleOp{id: r.id, op: 'a'})
+			s.flush.settle(r.settle('a'))
 		case nacked:
 			s.flush.settle(s.nackOp(msg, r))
 			sub.release(u.rows[i+1:])
@@ -283,7 +283,7 @@ func (sub *subscription) await(ctx context.Context, msg *message.Message) outcom
 
 func (sub *subscription) release(rs []row) {
 	for _, r := range rs {
-		sub.s.flush.settle(settleOp{id: r.id, op: 'r'})
+		sub.s.flush.settle(r.settle('r'))
 	}
 }
 
@@ -332,9 +332,12 @@ func (s *Subscriber) nackOp(msg *message.Message, r row) settleOp {
 		// Deliver again, but not at once: a handler that always Nacks must
 		// not make the row go round in a hot loop.
 		t := time.Now().Add(s.cfg.TransientDelay)
-		return settleOp{id: r.id, op: 'p', inc: 1, err: "nacked without a settlement", retryAt: &t}
+		op := r.settle('p')
+		op.inc, op.err, op.retryAt = 1, "nacked without a settlement", &t
+		return op
 	}
-	op := settleOp{id: r.id, op: 'n', err: storableText(st.Error, s.cfg.MaxErrorLength)}
+	op := r.settle('n')
+	op.err = storableText(st.Error, s.cfg.MaxErrorLength)
 	if op.err == "" {
 		op.err = st.Class.String() + " failure"
 	}

@@ -58,7 +58,10 @@ func (s *Subscriber) CompleteInTx(ctx context.Context, tx pgx.Tx, msg *message.M
 	if err != nil {
 		return fmt.Errorf("complete message %s in %q: row id %q: %w", msg.UUID, s.cfg.Table, d.ID, err)
 	}
-	tag, err := tx.Exec(ctx, completeRowSQL(s.eng.q.table), id, s.cfg.WorkerID)
+	// The lease counted this delivery (attempts = d.Attempts + 1); the
+	// completion takes the count back and is guarded by it, so it completes
+	// only the delivery it belongs to.
+	tag, err := tx.Exec(ctx, completeRowSQL(s.eng.q.table), id, s.cfg.WorkerID, d.Attempts+1)
 	if err != nil {
 		return fmt.Errorf("complete row %d of %q: %w", id, s.cfg.Table, err)
 	}
