@@ -270,6 +270,9 @@ func (c *conn) setDefaults() {
 func (c conn) validate() error {
 	if c.Client != nil {
 		// The caller's client brings its own connection settings.
+		if v := c.Client.Config().Version; !v.IsAtLeast(sarama.V0_11_0_0) {
+			return configErr("Client", "its config's Version %s is older than 0.11.0, which cannot carry record headers (the message UUID and metadata travel in them)", v)
+		}
 		return nil
 	}
 	if len(c.Brokers) == 0 {
@@ -280,8 +283,12 @@ func (c conn) validate() error {
 			return configErr("Brokers", "entry %d is empty", i)
 		}
 	}
-	if _, err := sarama.ParseKafkaVersion(c.KafkaVersion); err != nil {
+	v, err := sarama.ParseKafkaVersion(c.KafkaVersion)
+	if err != nil {
 		return configErr("KafkaVersion", "%v", err)
+	}
+	if !v.IsAtLeast(sarama.V0_11_0_0) {
+		return configErr("KafkaVersion", "%s is older than 0.11.0, which cannot carry record headers (the message UUID and metadata travel in them)", c.KafkaVersion)
 	}
 	if c.DialTimeout < 0 {
 		return configErr("DialTimeout", "negative (%s)", c.DialTimeout)
@@ -326,7 +333,8 @@ type PublisherConfig struct {
 	// ClientID names this client to the brokers. Default DefaultClientID.
 	ClientID string
 	// KafkaVersion is the oldest broker version to speak to, as
-	// "major.minor.patch". Default DefaultKafkaVersion.
+	// "major.minor.patch", at least 0.11.0 (record headers). Default
+	// DefaultKafkaVersion.
 	KafkaVersion string
 	// TLS secures the connections. Off by default.
 	TLS TLSConfig
@@ -367,8 +375,9 @@ type PublisherConfig struct {
 	// ProduceTimeout is how long a broker waits for its replicas before it
 	// fails a batch. Default DefaultProduceTimeout.
 	ProduceTimeout time.Duration
-	// Retries is how many times a failed batch is retried before Publish
-	// returns the (transient) error. Default DefaultRetries.
+	// Retries is how many times a batch that failed with a retriable error
+	// (no leader, not enough replicas, timeout, lost connection) is retried
+	// before Publish returns the error. Default DefaultRetries.
 	Retries int
 	// RetryBackoff is the pause between two tries. Default DefaultRetryBackoff.
 	RetryBackoff time.Duration
@@ -526,7 +535,8 @@ type SubscriberConfig struct {
 	// ClientID names this client to the brokers. Default DefaultClientID.
 	ClientID string
 	// KafkaVersion is the oldest broker version to speak to, as
-	// "major.minor.patch". Default DefaultKafkaVersion.
+	// "major.minor.patch", at least 0.11.0 (record headers). Default
+	// DefaultKafkaVersion.
 	KafkaVersion string
 	// TLS secures the connections. Off by default.
 	TLS TLSConfig

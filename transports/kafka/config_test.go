@@ -34,6 +34,7 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 		{"CA file without PEM", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: notPEM}}, "TLS.CAFile"},
 		{"cert without key", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CertFile: notPEM}}, "TLS.KeyFile"},
 		{"bad Kafka version", kafka.PublisherConfig{Brokers: brokers, KafkaVersion: "two"}, "KafkaVersion"},
+		{"Kafka version without record headers", kafka.PublisherConfig{Brokers: brokers, KafkaVersion: "0.10.2.0"}, "KafkaVersion"},
 		{"unknown acks", kafka.PublisherConfig{Brokers: brokers, Acks: "some"}, "Acks"},
 		{"idempotence without acks=all", kafka.PublisherConfig{Brokers: brokers, Acks: kafka.AcksLeader}, "Acks"},
 		{"unknown compression", kafka.PublisherConfig{Brokers: brokers, Compression: "brotli"}, "Compression"},
@@ -61,6 +62,7 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 	}{
 		{"empty brokers", sub(func(c *kafka.SubscriberConfig) { c.Brokers = nil }), "Brokers"},
 		{"invalid SASL mechanism", sub(func(c *kafka.SubscriberConfig) { c.SASL = kafka.SASLConfig{Mechanism: "SCRAM-MD5", User: "u"} }), "SASL.Mechanism"},
+		{"Kafka version without record headers", sub(func(c *kafka.SubscriberConfig) { c.KafkaVersion = "0.10.2.0" }), "KafkaVersion"},
 		{"unreadable CA file", sub(func(c *kafka.SubscriberConfig) { c.TLS.CAFile = filepath.Join(dir, "missing.pem") }), "TLS.CAFile"},
 		{"negative in-flight limit", sub(func(c *kafka.SubscriberConfig) { c.MaxInFlight = -1 }), "MaxInFlight"},
 		{"no consumer group", sub(func(c *kafka.SubscriberConfig) { c.ConsumerGroup = "" }), "ConsumerGroup"},

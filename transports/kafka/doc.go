@@ -7,7 +7,9 @@
 // (bus.KeyPartitionKey) is the record key, so the records of one key land on
 // one partition in order. Broker and network failures come back as
 // bus.Transient errors, so an outbox relay spends no attempts while Kafka is
-// down.
+// down; a batch the broker rejects for what it carries is a counted error,
+// so a record it keeps rejecting reaches its attempt budget instead of
+// holding its key back forever (see Publisher for the classes).
 //
 // The Subscriber delivers records of different keys of a partition
 // concurrently (up to MaxInFlight) and the records of one key one at a time,

@@ -20,9 +20,13 @@ import (
 // Messages of one Publish call that share a key are written in the order
 // given (the producer is idempotent by default, so retries keep that order).
 //
-// Errors are classified for bus.ClassOf: broker and network failures are
-// transient (a relay does not spend attempts on them), records the broker
-// can never accept are permanent.
+// Errors are classified for bus.ClassOf, per error: network failures and
+// the cluster's state (no leader, not enough replicas, timeouts, throttling,
+// authorization) are transient, so a relay spends no attempts on them; a
+// batch the broker rejects for what it carries (too large, invalid or
+// corrupt record, policy violation) is counted, so a record the broker keeps
+// rejecting reaches its attempt budget; a record above MaxMessageBytes and
+// an invalid topic name are permanent.
 //
 // A Publisher is safe for concurrent use.
 type Publisher struct {
