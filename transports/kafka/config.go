@@ -198,7 +198,9 @@ func (c TLSConfig) build() (*tls.Config, error) {
 // SASLConfig authenticates the connections to the brokers.
 type SASLConfig struct {
 	// Mechanism is SASLPlain, SASLScramSHA256 or SASLScramSHA512; empty
-	// means no SASL. PLAIN sends the password as is: use it with TLS.
+	// means no SASL. PLAIN sends the password as is: use it with TLS. SCRAM
+	// refuses a server whose iteration count is outside
+	// MinSCRAMIterations..MaxSCRAMIterations.
 	Mechanism string
 	// User and Password are the credentials. The password is used as given
 	// (no SASLprep normalisation).
