@@ -21,9 +21,8 @@
 // its handlers up to MaxReadAheadBytes per partition, then pauses fetching
 // that partition until half of it is done.
 //
-//	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-//		Brokers: []string{"localhost:9092"},
-//	}, logger)
+//	conn := kafka.ConnectionConfig{Brokers: []string{"localhost:9092"}}
+//	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: conn}, logger)
 //	if err != nil {
 //		return err
 //	}
@@ -36,9 +35,9 @@
 //	}
 //
 //	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-//		Brokers:       []string{"localhost:9092"},
-//		ConsumerGroup: "billing",
-//		MaxInFlight:   32, // per partition; 1 keeps strict partition order
+//		ConnectionConfig: conn, // brokers, TLS, SASL: shared with the publisher
+//		ConsumerGroup:    "billing",
+//		MaxInFlight:      32, // per partition; 1 keeps strict partition order
 //	}, logger)
 //	if err != nil {
 //		return err
