@@ -214,7 +214,7 @@ func newKafkaBroker(t *testing.T) kafkaBroker {
 func (b kafkaBroker) topic() string { return testenv.KafkaTopic(b.t, b.brokers, 2) }
 
 func (b kafkaBroker) publisher() message.Publisher {
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: b.brokers, ClientID: "omnibus-test"}, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: b.brokers, ClientID: "omnibus-test"}}, nil)
 	require.NoError(b.t, err)
 	b.t.Cleanup(func() { _ = pub.Close() })
 	return pub
@@ -222,8 +222,9 @@ func (b kafkaBroker) publisher() message.Publisher {
 
 func (b kafkaBroker) subscriber(group string) *watched {
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: b.brokers, ClientID: "omnibus-test", ConsumerGroup: group,
-		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
+		ConnectionConfig: kafka.ConnectionConfig{Brokers: b.brokers, ClientID: "omnibus-test"},
+		ConsumerGroup:    group,
+		SessionTimeout:   6 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
 		CommitInterval: 100 * time.Millisecond, NackDelay: 10 * time.Millisecond,
 		Tune: func(c *sarama.Config) {
 			c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond

@@ -109,7 +109,7 @@ func BenchmarkInboxIngest(b *testing.B) {
 // publish writes msgs to topic from 16 goroutines, 500 per call.
 func publish(b *testing.B, brokers []string, topic string, msgs []*message.Message) {
 	b.Helper()
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -242,7 +242,8 @@ func (a acking) Subscribe(ctx context.Context, topic string) (<-chan *message.Me
 func runIngest(b *testing.B, pool *pgxpool.Pool, brokers []string, topic string, t pgbench.Table) (float64, time.Duration) {
 	b.Helper()
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: brokers, ConsumerGroup: "g_" + testenv.Name(b),
+		ConnectionConfig:  kafka.ConnectionConfig{Brokers: brokers},
+		ConsumerGroup:     "g_" + testenv.Name(b),
 		HeartbeatInterval: 100 * time.Millisecond,
 		Tune: func(c *sarama.Config) {
 			c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond

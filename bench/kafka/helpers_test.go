@@ -54,7 +54,7 @@ func watermillMarshaler() wmkafka.MarshalerUnmarshaler {
 
 func newOurPublisher(b *testing.B, brokers []string) *kafka.Publisher {
 	b.Helper()
-	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -226,9 +226,9 @@ func consume(b *testing.B, sub message.Subscriber, topic string, n int, handle f
 func newOurSubscriber(b *testing.B, brokers []string, maxInFlight int) *kafka.Subscriber {
 	b.Helper()
 	s, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:       brokers,
-		ConsumerGroup: "g_" + testenv.Name(b),
-		MaxInFlight:   maxInFlight,
+		ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers},
+		ConsumerGroup:    "g_" + testenv.Name(b),
+		MaxInFlight:      maxInFlight,
 	}, nil)
 	if err != nil {
 		b.Fatal(err)

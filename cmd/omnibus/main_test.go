@@ -495,7 +495,7 @@ func TestIngest_StoresTheBrokersMessagesIntoTheInbox(t *testing.T) {
 		fmt.Sprintf("  table: %s\n  consumer_group: %s\n  topics: [%s]\n", inbox, group, topic), 1)), 0o600))
 	ok(t, cli(t, ctx, "--config", path, "migrate"))
 
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	for i := range 5 {

@@ -144,7 +144,7 @@ func TestIngest_ExportsItsSpansOverOTLP(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
 	ok(t, cli(t, ctx, "--config", path, "migrate"))
 
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	msg := message.NewMessage("00000000-0000-4000-8000-000000000001", []byte("{}"))

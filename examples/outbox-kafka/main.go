@@ -121,7 +121,7 @@ func run() error {
 	// The relay: outbox rows → Kafka topic, keyed by order id. While Kafka is
 	// unreachable, publishing fails with transient errors and no row spends
 	// an attempt.
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, logger)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}}, logger)
 	if err != nil {
 		return err
 	}
@@ -141,8 +141,8 @@ func run() error {
 	// The consumer: a consumer group on the topic. Different orders are
 	// handled concurrently, the events of one order one after another.
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:       brokers,
-		ConsumerGroup: group,
+		ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers},
+		ConsumerGroup:    group,
 	}, logger)
 	if err != nil {
 		return err

@@ -201,7 +201,7 @@ func newService(pool *pgxpool.Pool, brokers []string, name, ownTopic, otherTopic
 	if s.outbox, err = postgres.NewOutbox(postgres.OutboxConfig{Table: outboxTable}); err != nil {
 		return nil, err
 	}
-	if s.publisher, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, ClientID: name}, nil); err != nil {
+	if s.publisher, err = kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, ClientID: name}}, nil); err != nil {
 		return nil, err
 	}
 	if s.relay, err = processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
@@ -212,8 +212,9 @@ func newService(pool *pgxpool.Pool, brokers []string, name, ownTopic, otherTopic
 		return nil, err
 	}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: brokers, ClientID: name, ConsumerGroup: name,
-		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
+		ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, ClientID: name},
+		ConsumerGroup:    name,
+		SessionTimeout:   6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 		CommitInterval: 100 * time.Millisecond,
 		Tune: func(c *sarama.Config) {
 			c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond

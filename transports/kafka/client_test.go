@@ -78,3 +78,21 @@ func TestSubscriber_CloseIsIdempotentAndEndsSubscriptions(t *testing.T) {
 	_, err = sub.Subscribe(context.Background(), topic)
 	assert.ErrorIs(t, err, kafka.ErrClosed)
 }
+
+// TestClient_CallerClientOlderThanRecordHeadersIsRefused: a caller's client
+// configured for brokers older than 0.11 cannot write or read the headers
+// the UUID and metadata travel in, so both configs refuse it up front
+// instead of failing every record.
+func TestClient_CallerClientOlderThanRecordHeadersIsRefused(t *testing.T) {
+	t.Parallel()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V0_10_2_0
+	sc.Producer.Return.Successes = true
+	client, err := sarama.NewClient(testenv.Kafka(t), sc)
+	require.NoError(t, err)
+	defer func() { _ = client.Close() }()
+	_, err = kafka.NewPublisher(kafka.PublisherConfig{Client: client}, nil)
+	assertFieldError(t, err, "Client")
+	_, err = kafka.NewSubscriber(kafka.SubscriberConfig{Client: client, ConsumerGroup: groupName(t)}, nil)
+	assertFieldError(t, err, "Client")
+}

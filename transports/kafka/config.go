@@ -11,7 +11,8 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// Connection defaults, shared by PublisherConfig and SubscriberConfig.
+// Connection defaults (ConnectionConfig), shared by PublisherConfig and
+// SubscriberConfig.
 const (
 	// DefaultClientID is the client id sent to the brokers.
 	DefaultClientID = "omnibus"
@@ -198,7 +199,9 @@ func (c TLSConfig) build() (*tls.Config, error) {
 // SASLConfig authenticates the connections to the brokers.
 type SASLConfig struct {
 	// Mechanism is SASLPlain, SASLScramSHA256 or SASLScramSHA512; empty
-	// means no SASL. PLAIN sends the password as is: use it with TLS.
+	// means no SASL. PLAIN sends the password as is: use it with TLS. SCRAM
+	// refuses a server whose iteration count is outside
+	// MinSCRAMIterations..MaxSCRAMIterations.
 	Mechanism string
 	// User and Password are the credentials. The password is used as given
 	// (no SASLprep normalisation).
@@ -244,18 +247,31 @@ func (c SASLConfig) apply(sc *sarama.Config) {
 	}
 }
 
-// conn holds the connection fields both configs share.
-type conn struct {
-	Brokers      []string
-	ClientID     string
+// ConnectionConfig is how a client reaches the brokers. PublisherConfig and
+// SubscriberConfig embed it, so its fields read as theirs (cfg.Brokers), and
+// one value can serve both. It is ignored when the config sets a Client: the
+// caller's client brings its own connection. Client and Tune stay in each
+// config, since what a caller's client must be set up for, and the sarama
+// settings Tune sees, differ between the two.
+type ConnectionConfig struct {
+	// Brokers are the bootstrap brokers as host:port. Required unless the
+	// config sets a Client.
+	Brokers []string
+	// ClientID names this client to the brokers. Default DefaultClientID.
+	ClientID string
+	// KafkaVersion is the oldest broker version to speak to, as
+	// "major.minor.patch", at least 0.11.0 (record headers). Default
+	// DefaultKafkaVersion.
 	KafkaVersion string
-	TLS          TLSConfig
-	SASL         SASLConfig
-	DialTimeout  time.Duration
-	Client       sarama.Client
+	// TLS secures the connections. Off by default.
+	TLS TLSConfig
+	// SASL authenticates the connections. Off by default.
+	SASL SASLConfig
+	// DialTimeout bounds connecting to one broker. Default DefaultDialTimeout.
+	DialTimeout time.Duration
 }
 
-func (c *conn) setDefaults() {
+func (c *ConnectionConfig) setDefaults() {
 	if c.ClientID == "" {
 		c.ClientID = DefaultClientID
 	}
@@ -267,9 +283,14 @@ func (c *conn) setDefaults() {
 	}
 }
 
-func (c conn) validate() error {
-	if c.Client != nil {
+// validate checks the connection fields, or, when client is set, the
+// client's protocol version instead.
+func (c ConnectionConfig) validate(client sarama.Client) error {
+	if client != nil {
 		// The caller's client brings its own connection settings.
+		if v := client.Config().Version; !v.IsAtLeast(sarama.V0_11_0_0) {
+			return configErr("Client", "its config's Version %s is older than 0.11.0, which cannot carry record headers (the message UUID and metadata travel in them)", v)
+		}
 		return nil
 	}
 	if len(c.Brokers) == 0 {
@@ -280,8 +301,12 @@ func (c conn) validate() error {
 			return configErr("Brokers", "entry %d is empty", i)
 		}
 	}
-	if _, err := sarama.ParseKafkaVersion(c.KafkaVersion); err != nil {
+	v, err := sarama.ParseKafkaVersion(c.KafkaVersion)
+	if err != nil {
 		return configErr("KafkaVersion", "%v", err)
+	}
+	if !v.IsAtLeast(sarama.V0_11_0_0) {
+		return configErr("KafkaVersion", "%s is older than 0.11.0, which cannot carry record headers (the message UUID and metadata travel in them)", c.KafkaVersion)
 	}
 	if c.DialTimeout < 0 {
 		return configErr("DialTimeout", "negative (%s)", c.DialTimeout)
@@ -297,7 +322,7 @@ func (c conn) validate() error {
 
 // sarama returns a sarama config with the connection settings applied. It
 // assumes validate passed.
-func (c conn) sarama() (*sarama.Config, error) {
+func (c ConnectionConfig) sarama() (*sarama.Config, error) {
 	sc := sarama.NewConfig()
 	sc.ClientID = c.ClientID
 	v, err := sarama.ParseKafkaVersion(c.KafkaVersion)
@@ -320,20 +345,9 @@ func (c conn) sarama() (*sarama.Config, error) {
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
-	// Brokers are the bootstrap brokers as host:port. Required unless Client
-	// is set.
-	Brokers []string
-	// ClientID names this client to the brokers. Default DefaultClientID.
-	ClientID string
-	// KafkaVersion is the oldest broker version to speak to, as
-	// "major.minor.patch". Default DefaultKafkaVersion.
-	KafkaVersion string
-	// TLS secures the connections. Off by default.
-	TLS TLSConfig
-	// SASL authenticates the connections. Off by default.
-	SASL SASLConfig
-	// DialTimeout bounds connecting to one broker. Default DefaultDialTimeout.
-	DialTimeout time.Duration
+	// ConnectionConfig is how the Publisher reaches the brokers (Brokers,
+	// ClientID, KafkaVersion, TLS, SASL, DialTimeout).
+	ConnectionConfig
 	// Client, when set, is used instead of a client built from this config:
 	// the connection and producer settings are then those of its own config,
 	// which must have Producer.Return.Successes and Producer.Return.Errors
@@ -367,21 +381,16 @@ type PublisherConfig struct {
 	// ProduceTimeout is how long a broker waits for its replicas before it
 	// fails a batch. Default DefaultProduceTimeout.
 	ProduceTimeout time.Duration
-	// Retries is how many times a failed batch is retried before Publish
-	// returns the (transient) error. Default DefaultRetries.
+	// Retries is how many times a batch that failed with a retriable error
+	// (no leader, not enough replicas, timeout, lost connection) is retried
+	// before Publish returns the error. Default DefaultRetries.
 	Retries int
 	// RetryBackoff is the pause between two tries. Default DefaultRetryBackoff.
 	RetryBackoff time.Duration
 }
 
-func (c *PublisherConfig) conn() conn {
-	return conn{c.Brokers, c.ClientID, c.KafkaVersion, c.TLS, c.SASL, c.DialTimeout, c.Client}
-}
-
 func (c *PublisherConfig) setDefaults() {
-	cn := c.conn()
-	cn.setDefaults()
-	c.ClientID, c.KafkaVersion, c.DialTimeout = cn.ClientID, cn.KafkaVersion, cn.DialTimeout
+	c.ConnectionConfig.setDefaults()
 	if c.Marshaler == nil {
 		c.Marshaler = DefaultMarshaler{}
 	}
@@ -412,7 +421,7 @@ func (c *PublisherConfig) setDefaults() {
 // are valid: they mean the default.
 func (c PublisherConfig) Validate() error {
 	c.setDefaults()
-	if err := c.conn().validate(); err != nil {
+	if err := c.ConnectionConfig.validate(c.Client); err != nil {
 		return err
 	}
 	if c.Client != nil {
@@ -477,7 +486,7 @@ func compressionCodec(name string) (sarama.CompressionCodec, error) {
 // saramaConfig builds the producer's sarama config. It assumes setDefaults
 // and Validate ran.
 func (c *PublisherConfig) saramaConfig() (*sarama.Config, error) {
-	sc, err := c.conn().sarama()
+	sc, err := c.ConnectionConfig.sarama()
 	if err != nil {
 		return nil, err
 	}
@@ -520,20 +529,10 @@ func (c *PublisherConfig) saramaConfig() (*sarama.Config, error) {
 
 // SubscriberConfig configures a Subscriber.
 type SubscriberConfig struct {
-	// Brokers are the bootstrap brokers as host:port. Required unless Client
-	// is set.
-	Brokers []string
-	// ClientID names this client to the brokers. Default DefaultClientID.
-	ClientID string
-	// KafkaVersion is the oldest broker version to speak to, as
-	// "major.minor.patch". Default DefaultKafkaVersion.
-	KafkaVersion string
-	// TLS secures the connections. Off by default.
-	TLS TLSConfig
-	// SASL authenticates the connections. Off by default.
-	SASL SASLConfig
-	// DialTimeout bounds connecting to one broker. Default DefaultDialTimeout.
-	DialTimeout time.Duration
+	// ConnectionConfig is how the Subscriber (and its dead-letter
+	// publisher) reaches the brokers (Brokers, ClientID, KafkaVersion, TLS,
+	// SASL, DialTimeout).
+	ConnectionConfig
 	// Client, when set, is used instead of a client built from this config:
 	// the connection, group and offset settings are then those of its own
 	// config, which must keep Consumer.Offsets.AutoCommit enabled. A sarama
@@ -606,14 +605,8 @@ type SubscriberConfig struct {
 	Marshaler Marshaler
 }
 
-func (c *SubscriberConfig) conn() conn {
-	return conn{c.Brokers, c.ClientID, c.KafkaVersion, c.TLS, c.SASL, c.DialTimeout, c.Client}
-}
-
 func (c *SubscriberConfig) setDefaults() {
-	cn := c.conn()
-	cn.setDefaults()
-	c.ClientID, c.KafkaVersion, c.DialTimeout = cn.ClientID, cn.KafkaVersion, cn.DialTimeout
+	c.ConnectionConfig.setDefaults()
 	if c.InitialOffset == "" {
 		c.InitialOffset = DefaultInitialOffset
 	}
@@ -656,7 +649,7 @@ func (c *SubscriberConfig) setDefaults() {
 // are valid: they mean the default.
 func (c SubscriberConfig) Validate() error {
 	c.setDefaults()
-	if err := c.conn().validate(); err != nil {
+	if err := c.ConnectionConfig.validate(c.Client); err != nil {
 		return err
 	}
 	if strings.TrimSpace(c.ConsumerGroup) == "" {
@@ -732,7 +725,7 @@ func balanceStrategy(name string) (sarama.BalanceStrategy, error) {
 // saramaConfig builds the consumer's sarama config. It assumes setDefaults
 // and Validate ran.
 func (c *SubscriberConfig) saramaConfig() (*sarama.Config, error) {
-	sc, err := c.conn().sarama()
+	sc, err := c.ConnectionConfig.sarama()
 	if err != nil {
 		return nil, err
 	}

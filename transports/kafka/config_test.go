@@ -27,18 +27,19 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 		field string
 	}{
 		{"empty brokers", kafka.PublisherConfig{}, "Brokers"},
-		{"blank broker", kafka.PublisherConfig{Brokers: []string{" "}}, "Brokers"},
-		{"invalid SASL mechanism", kafka.PublisherConfig{Brokers: brokers, SASL: kafka.SASLConfig{Mechanism: "GSSAPI", User: "u"}}, "SASL.Mechanism"},
-		{"SASL without user", kafka.PublisherConfig{Brokers: brokers, SASL: kafka.SASLConfig{Mechanism: kafka.SASLScramSHA512}}, "SASL.User"},
-		{"unreadable CA file", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: filepath.Join(dir, "missing.pem")}}, "TLS.CAFile"},
-		{"CA file without PEM", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: notPEM}}, "TLS.CAFile"},
-		{"cert without key", kafka.PublisherConfig{Brokers: brokers, TLS: kafka.TLSConfig{CertFile: notPEM}}, "TLS.KeyFile"},
-		{"bad Kafka version", kafka.PublisherConfig{Brokers: brokers, KafkaVersion: "two"}, "KafkaVersion"},
-		{"unknown acks", kafka.PublisherConfig{Brokers: brokers, Acks: "some"}, "Acks"},
-		{"idempotence without acks=all", kafka.PublisherConfig{Brokers: brokers, Acks: kafka.AcksLeader}, "Acks"},
-		{"unknown compression", kafka.PublisherConfig{Brokers: brokers, Compression: "brotli"}, "Compression"},
-		{"negative retries", kafka.PublisherConfig{Brokers: brokers, Retries: -1}, "Retries"},
-		{"negative batch bytes", kafka.PublisherConfig{Brokers: brokers, BatchBytes: -1}, "BatchBytes"},
+		{"blank broker", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{" "}}}, "Brokers"},
+		{"invalid SASL mechanism", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, SASL: kafka.SASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "SASL.Mechanism"},
+		{"SASL without user", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, SASL: kafka.SASLConfig{Mechanism: kafka.SASLScramSHA512}}}, "SASL.User"},
+		{"unreadable CA file", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: filepath.Join(dir, "missing.pem")}}}, "TLS.CAFile"},
+		{"CA file without PEM", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, TLS: kafka.TLSConfig{CAFile: notPEM}}}, "TLS.CAFile"},
+		{"cert without key", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, TLS: kafka.TLSConfig{CertFile: notPEM}}}, "TLS.KeyFile"},
+		{"bad Kafka version", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, KafkaVersion: "two"}}, "KafkaVersion"},
+		{"Kafka version without record headers", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, KafkaVersion: "0.10.2.0"}}, "KafkaVersion"},
+		{"unknown acks", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}, Acks: "some"}, "Acks"},
+		{"idempotence without acks=all", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}, Acks: kafka.AcksLeader}, "Acks"},
+		{"unknown compression", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}, Compression: "brotli"}, "Compression"},
+		{"negative retries", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}, Retries: -1}, "Retries"},
+		{"negative batch bytes", kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}, BatchBytes: -1}, "BatchBytes"},
 	}
 	for _, tc := range pubCases {
 		t.Run("publisher/"+tc.name, func(t *testing.T) {
@@ -50,7 +51,7 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 	}
 
 	sub := func(mut func(*kafka.SubscriberConfig)) kafka.SubscriberConfig {
-		c := kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: "g"}
+		c := kafka.SubscriberConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}, ConsumerGroup: "g"}
 		mut(&c)
 		return c
 	}
@@ -61,6 +62,7 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 	}{
 		{"empty brokers", sub(func(c *kafka.SubscriberConfig) { c.Brokers = nil }), "Brokers"},
 		{"invalid SASL mechanism", sub(func(c *kafka.SubscriberConfig) { c.SASL = kafka.SASLConfig{Mechanism: "SCRAM-MD5", User: "u"} }), "SASL.Mechanism"},
+		{"Kafka version without record headers", sub(func(c *kafka.SubscriberConfig) { c.KafkaVersion = "0.10.2.0" }), "KafkaVersion"},
 		{"unreadable CA file", sub(func(c *kafka.SubscriberConfig) { c.TLS.CAFile = filepath.Join(dir, "missing.pem") }), "TLS.CAFile"},
 		{"negative in-flight limit", sub(func(c *kafka.SubscriberConfig) { c.MaxInFlight = -1 }), "MaxInFlight"},
 		{"no consumer group", sub(func(c *kafka.SubscriberConfig) { c.ConsumerGroup = "" }), "ConsumerGroup"},
@@ -94,10 +96,20 @@ func assertFieldError(t *testing.T, err error, field string) {
 
 func TestConfig_ZeroValuesAreDefaults(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}}.Validate())
-	require.NoError(t, kafka.SubscriberConfig{Brokers: []string{"127.0.0.1:9092"}, ConsumerGroup: "g"}.Validate())
+	require.NoError(t, kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{"127.0.0.1:9092"}}}.Validate())
+	require.NoError(t, kafka.SubscriberConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{"127.0.0.1:9092"}}, ConsumerGroup: "g"}.Validate())
 	require.NoError(t, kafka.PublisherConfig{
-		Brokers: []string{"127.0.0.1:9092"}, Acks: kafka.AcksLeader, DisableIdempotence: true,
-		Compression: "zstd", SASL: kafka.SASLConfig{Mechanism: kafka.SASLPlain, User: "u", Password: "p"},
+		ConnectionConfig: kafka.ConnectionConfig{
+			Brokers: []string{"127.0.0.1:9092"},
+			SASL:    kafka.SASLConfig{Mechanism: kafka.SASLPlain, User: "u", Password: "p"},
+		},
+		Acks: kafka.AcksLeader, DisableIdempotence: true, Compression: "zstd",
 	}.Validate())
+
+	// The connection fields are promoted from the embedded ConnectionConfig.
+	var pc kafka.PublisherConfig
+	pc.Brokers = []string{"127.0.0.1:9092"}
+	pc.SASL.Mechanism = kafka.SASLPlain
+	pc.SASL.User = "u"
+	require.NoError(t, pc.Validate())
 }

@@ -120,7 +120,11 @@ func (w *partitionWorker) deadLetter(r *record, reason, errText string, attempts
 		if w.ctx.Err() != nil {
 			return false
 		}
-		log.Error("kafka dead letter failed; retrying", "dead_letter_topic", dlq, "publish_error", err, "backoff", backoff)
+		// Whatever the class: skipping the record would lose it, so the
+		// partition waits (a record the dead-letter topic refuses for what it
+		// is, e.g. larger than its max.message.bytes, needs an operator).
+		log.Error("kafka dead letter failed; retrying", "dead_letter_topic", dlq, "publish_error", err,
+			"class", bus.ClassOf(err).String(), "backoff", backoff)
 		if !sleepCtx(w.ctx, backoff) {
 			return false
 		}

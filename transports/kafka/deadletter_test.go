@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,4 +129,57 @@ func TestSubscriber_UndecodableRecordGoesToDeadLetterTopic(t *testing.T) {
 		"dead letter error %q does not say why", header(dl, kafka.HeaderDeadLetterError))
 	assert.Equal(t, strconv.FormatInt(badOffset, 10), header(dl, kafka.HeaderDeadLetterOffset))
 	assert.Equal(t, "0", header(dl, kafka.HeaderDeadLetterAttempts))
+}
+
+// TestSubscriber_DeadLetterOfARecordAboveTheDefaultSizeIsWritten gives up
+// on a record larger than DefaultMaxMessageBytes that its topic accepts (the
+// topic and its dead-letter topic allow 4 MiB): the dead letter is written,
+// not refused by a local size limit and retried forever while the
+// partition waits.
+func TestSubscriber_DeadLetterOfARecordAboveTheDefaultSizeIsWritten(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Kafka(t)
+	topic := testenv.Name(t)
+	const limit = 4 << 20
+	createTopicWithConfig(t, brokers, topic, map[string]string{"max.message.bytes": strconv.Itoa(limit)})
+	createTopicWithConfig(t, brokers, kafka.DeadLetterTopicFor("", topic), map[string]string{"max.message.bytes": strconv.Itoa(limit)})
+
+	big := message.NewMessage(watermill.NewUUID(), make([]byte, kafka.DefaultMaxMessageBytes+100_000))
+	bus.SetPartitionKey(big, "k")
+	pcfg := testPublisherConfig(brokers)
+	pcfg.MaxMessageBytes = limit - 1024
+	require.NoError(t, newPublisher(t, pcfg).Publish(topic, big))
+
+	sub := newSubscriber(t, testSubscriberConfig(brokers, groupName(t)))
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	m := receive(t, msgs, 30*time.Second, "subscriber")
+	require.Equal(t, big.UUID, m.UUID)
+	bus.Settle(m, bus.Settlement{Class: bus.ClassPermanent, GiveUp: true, Error: "cannot handle it"})
+	m.Nack()
+
+	dl := consumeRaw(t, brokers, kafka.DeadLetterTopicFor("", topic), 1, 30*time.Second)[0]
+	assert.Equal(t, big.UUID, header(dl, kafka.HeaderUUID))
+	assert.Len(t, dl.Value, len(big.Payload), "the dead letter keeps the whole value")
+	assert.Equal(t, kafka.DeadLetterReasonGaveUp, header(dl, kafka.HeaderDeadLetterReason))
+}
+
+// createTopicWithConfig creates topic with one partition and the given topic
+// configs, and waits until it has a leader.
+func createTopicWithConfig(t *testing.T, brokers []string, topic string, configs map[string]string) {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	require.NoError(t, err, "connect to create topic %q", topic)
+	defer func() { _ = admin.Close() }()
+	entries := make(map[string]*string, len(configs))
+	for k, v := range configs {
+		entries[k] = &v
+	}
+	require.NoError(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: entries}, false),
+		"create topic %q", topic)
+	eventually(t, 30*time.Second, func() bool {
+		md, err := admin.DescribeTopics([]string{topic})
+		return err == nil && len(md) == 1 && errors.Is(md[0].Err, sarama.ErrNoError) && len(md[0].Partitions) == 1
+	}, "topic %q has a leader", topic)
 }

@@ -7,7 +7,9 @@
 // (bus.KeyPartitionKey) is the record key, so the records of one key land on
 // one partition in order. Broker and network failures come back as
 // bus.Transient errors, so an outbox relay spends no attempts while Kafka is
-// down.
+// down; a batch the broker rejects for what it carries is a counted error,
+// so a record it keeps rejecting reaches its attempt budget instead of
+// holding its key back forever (see Publisher for the classes).
 //
 // The Subscriber delivers records of different keys of a partition
 // concurrently (up to MaxInFlight) and the records of one key one at a time,
@@ -19,9 +21,8 @@
 // its handlers up to MaxReadAheadBytes per partition, then pauses fetching
 // that partition until half of it is done.
 //
-//	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-//		Brokers: []string{"localhost:9092"},
-//	}, logger)
+//	conn := kafka.ConnectionConfig{Brokers: []string{"localhost:9092"}}
+//	pub, err := kafka.NewPublisher(kafka.PublisherConfig{ConnectionConfig: conn}, logger)
 //	if err != nil {
 //		return err
 //	}
@@ -34,9 +35,9 @@
 //	}
 //
 //	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-//		Brokers:       []string{"localhost:9092"},
-//		ConsumerGroup: "billing",
-//		MaxInFlight:   32, // per partition; 1 keeps strict partition order
+//		ConnectionConfig: conn, // brokers, TLS, SASL: shared with the publisher
+//		ConsumerGroup:    "billing",
+//		MaxInFlight:      32, // per partition; 1 keeps strict partition order
 //	}, logger)
 //	if err != nil {
 //		return err

@@ -132,3 +132,58 @@ func TestPublisher_CloseIsIdempotentAndRefusesLaterPublishes(t *testing.T) {
 	require.ErrorIs(t, err, kafka.ErrClosed)
 	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err))
 }
+
+// TestPublisher_BrokerRejectionsAreClassifiedPerError has the broker reject
+// produce requests with errors of each class: a rejection of the record's
+// content is counted (it spends an attempt, so a record the broker keeps
+// rejecting reaches its budget), an invalid topic and a record above
+// MaxMessageBytes are permanent, and an authorization failure is transient.
+// After each, the next Publish goes through.
+func TestPublisher_BrokerRejectionsAreClassifiedPerError(t *testing.T) {
+	t.Parallel()
+	cluster := testenv.NewKafkaCluster(t)
+	brokers := cluster.ListenAddrs()
+	topic := testenv.KafkaTopic(t, brokers, 1)
+
+	cfg := testPublisherConfig(brokers)
+	cfg.Retries = 1
+	cfg.RetryBackoff = 10 * time.Millisecond
+	pub := newPublisher(t, cfg)
+	publish := func(payload []byte) error {
+		msg := message.NewMessage(watermill.NewUUID(), payload)
+		bus.SetPartitionKey(msg, "k")
+		return pub.Publish(topic, msg)
+	}
+
+	for _, tc := range []struct {
+		kerr      *kerr.Error
+		saramaErr sarama.KError
+		want      bus.Class
+	}{
+		{kerr.InvalidRecord, sarama.ErrInvalidRecord, bus.ClassCounted},
+		{kerr.MessageTooLarge, sarama.ErrMessageSizeTooLarge, bus.ClassCounted},
+		{kerr.CorruptMessage, sarama.ErrInvalidMessage, bus.ClassCounted},
+		{kerr.PolicyViolation, sarama.ErrPolicyViolation, bus.ClassCounted},
+		{kerr.InvalidTimestamp, sarama.ErrInvalidTimestamp, bus.ClassCounted},
+		{kerr.InvalidTopicException, sarama.ErrInvalidTopic, bus.ClassPermanent},
+		{kerr.TopicAuthorizationFailed, sarama.ErrTopicAuthorizationFailed, bus.ClassTransient},
+		{kerr.ThrottlingQuotaExceeded, sarama.ErrThrottlingQuotaExceeded, bus.ClassTransient},
+	} {
+		t.Run(tc.kerr.Message, func(t *testing.T) {
+			fault := cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: tc.kerr, Count: -1})
+			err := publish([]byte("rejected"))
+			fault.Remove()
+			require.Error(t, err, "publish while the broker rejects every produce request with %s", tc.kerr.Message)
+			assert.ErrorIs(t, err, tc.saramaErr, "the broker's error is kept in the chain")
+			assert.Equal(t, tc.want, bus.ClassOf(err), "class of %v", err)
+			require.NoError(t, publish([]byte("after")), "publish after the rejections stopped")
+		})
+	}
+
+	t.Run("larger than MaxMessageBytes", func(t *testing.T) {
+		err := publish(make([]byte, kafka.DefaultMaxMessageBytes+1))
+		require.Error(t, err)
+		assert.Equal(t, bus.ClassPermanent, bus.ClassOf(err), "class of %v", err)
+		require.NoError(t, publish([]byte("after")))
+	})
+}

@@ -16,15 +16,14 @@ import (
 
 // testPublisherConfig is a publisher config for brokers.
 func testPublisherConfig(brokers []string) kafka.PublisherConfig {
-	return kafka.PublisherConfig{Brokers: brokers, ClientID: "omnibus-test"}
+	return kafka.PublisherConfig{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers, ClientID: "omnibus-test"}}
 }
 
 // testSubscriberConfig is a subscriber config that notices rebalances
 // quickly: tests start and stop group members all the time.
 func testSubscriberConfig(brokers []string, group string) kafka.SubscriberConfig {
 	return kafka.SubscriberConfig{
-		Brokers:           brokers,
-		ClientID:          "omnibus-test",
+		ConnectionConfig:  kafka.ConnectionConfig{Brokers: brokers, ClientID: "omnibus-test"},
 		ConsumerGroup:     group,
 		SessionTimeout:    6 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond,

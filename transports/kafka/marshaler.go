@@ -35,6 +35,11 @@ type Marshaler interface {
 // travels in the HeaderUUID header and every metadata entry in a header of
 // its own name.
 //
+// Marshal refuses, with an error wrapping ErrUnencodable, every message
+// Unmarshal would refuse to decode: an empty or non-UTF-8 UUID, an empty or
+// non-UTF-8 metadata key, a non-UTF-8 metadata value (the partition key
+// included), and a metadata key equal to HeaderUUID.
+//
 // Unmarshal is the reverse. A record without a UUID header (written by
 // another producer) gets a UUID derived from its topic, partition and offset,
 // so every delivery of it carries the same one; a record with a (UTF-8) key
@@ -49,6 +54,10 @@ type DefaultMarshaler struct{}
 // ErrUndecodable is wrapped by the errors DefaultMarshaler.Unmarshal returns.
 var ErrUndecodable = errors.New("undecodable record")
 
+// ErrUnencodable is wrapped by the errors DefaultMarshaler.Marshal returns:
+// the message cannot become a record that Unmarshal would decode.
+var ErrUnencodable = errors.New("unencodable message")
+
 // recordUUIDSpace namespaces the UUIDs derived for records without one.
 var recordUUIDSpace = uuid.MustParse("6f6d6e69-6275-5300-8000-6b61666b6121")
 
@@ -56,8 +65,11 @@ var recordUUIDSpace = uuid.MustParse("6f6d6e69-6275-5300-8000-6b61666b6121")
 // are copied into one buffer, so a record costs a fixed few allocations
 // however much metadata it carries.
 func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	if _, reserved := msg.Metadata[HeaderUUID]; reserved {
-		return nil, fmt.Errorf("marshal message %s: metadata key %q is reserved for the UUID", msg.UUID, HeaderUUID)
+	switch {
+	case msg.UUID == "":
+		return nil, fmt.Errorf("%w: message uuid is empty", ErrUnencodable)
+	case !utf8.ValidString(msg.UUID):
+		return nil, fmt.Errorf("%w: message uuid %q is not valid UTF-8", ErrUnencodable, msg.UUID)
 	}
 	size := len(HeaderUUID) + len(msg.UUID)
 	keys := make([]string, 0, len(msg.Metadata))
@@ -66,7 +78,22 @@ func (DefaultMarshaler) Marshal(topic string, msg *message.Message) (*sarama.Pro
 		size += len(k) + len(v)
 	}
 	if len(keys) > 1 {
-		sort.Strings(keys) // deterministic records
+		sort.Strings(keys) // deterministic records and errors
+	}
+	for _, k := range keys {
+		// What Unmarshal refuses, so that the subscriber never has to
+		// dead-letter what this publisher wrote. The value is not quoted:
+		// metadata may hold what should not reach a log.
+		switch {
+		case k == "":
+			return nil, fmt.Errorf("%w: metadata key \"\" is empty (a record header needs a name)", ErrUnencodable)
+		case k == HeaderUUID:
+			return nil, fmt.Errorf("%w: metadata key %q is reserved for the message uuid", ErrUnencodable, k)
+		case !utf8.ValidString(k):
+			return nil, fmt.Errorf("%w: metadata key %q is not valid UTF-8", ErrUnencodable, k)
+		case !utf8.ValidString(msg.Metadata[k]):
+			return nil, fmt.Errorf("%w: the value of metadata key %q is not valid UTF-8", ErrUnencodable, k)
+		}
 	}
 	buf := make([]byte, 0, size)
 	take := func(s string) []byte {

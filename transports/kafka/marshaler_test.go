@@ -99,7 +99,7 @@ func TestMarshaler_ReservedMetadataKeyIsRefused(t *testing.T) {
 	msg := message.NewMessage("id", nil)
 	msg.Metadata.Set(kafka.HeaderUUID, "spoofed")
 	_, err := kafka.DefaultMarshaler{}.Marshal("t", msg)
-	assert.Error(t, err)
+	assert.ErrorIs(t, err, kafka.ErrUnencodable)
 }
 
 func TestMarshaler_HeadersAreSortedAndDoNotShareBytes(t *testing.T) {

@@ -20,9 +20,14 @@ import (
 // Messages of one Publish call that share a key are written in the order
 // given (the producer is idempotent by default, so retries keep that order).
 //
-// Errors are classified for bus.ClassOf: broker and network failures are
-// transient (a relay does not spend attempts on them), records the broker
-// can never accept are permanent.
+// Errors are classified for bus.ClassOf, per error: network failures and
+// the cluster's state (no leader, not enough replicas, timeouts, throttling,
+// authorization) are transient, so a relay spends no attempts on them; a
+// batch the broker rejects for what it carries (too large, invalid or
+// corrupt record, policy violation) is counted, so a record the broker keeps
+// rejecting reaches its attempt budget; a message the Subscriber could not
+// decode, a record above MaxMessageBytes and an invalid topic name are
+// permanent.
 //
 // A Publisher is safe for concurrent use.
 type Publisher struct {
@@ -133,7 +138,9 @@ func (p *Publisher) drainErrors() {
 
 // Publish writes msgs to topic and returns when every one of them is
 // acknowledged, or with the first error. A message that cannot be marshaled
-// fails the call before anything is sent (permanent error). Publish stops
+// (with DefaultMarshaler: one the Subscriber could not decode, see
+// ErrUnencodable) or a nil message fails the call before anything of it is
+// sent, with a permanent error naming the field. Publish stops
 // waiting, with a transient error, when the context of the first message
 // ends (the Timeout middleware bounds a publish this way); records already
 // handed to the producer may still be written.
@@ -141,7 +148,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	return p.publish(msgs[0].Context(), topic, msgs)
+	ctx := context.Background()
+	if msgs[0] != nil {
+		ctx = msgs[0].Context()
+	}
+	return p.publish(ctx, topic, msgs)
 }
 
 func (p *Publisher) publish(ctx context.Context, topic string, msgs []*message.Message) error {
@@ -150,9 +161,12 @@ func (p *Publisher) publish(ctx context.Context, topic string, msgs []*message.M
 	}
 	records := make([]*sarama.ProducerMessage, len(msgs))
 	for i, msg := range msgs {
+		if msg == nil {
+			return bus.Permanent(fmt.Errorf("publish to kafka topic %q: message %d of %d is nil: %w", topic, i+1, len(msgs), ErrUnencodable))
+		}
 		pm, err := p.cfg.Marshaler.Marshal(topic, msg)
 		if err != nil {
-			return bus.Permanent(fmt.Errorf("publish to kafka topic %q: marshal message %s: %w", topic, msg.UUID, err))
+			return bus.Permanent(fmt.Errorf("publish to kafka topic %q: marshal message %q: %w", topic, msg.UUID, err))
 		}
 		pm.Topic = topic
 		records[i] = pm

@@ -41,15 +41,7 @@ func (b *kafkaBroker) Close() error { return b.pub.Close() }
 // PublisherConfigFrom maps the kafka section of a bus.Config to a
 // PublisherConfig (the settings it does not name keep their defaults).
 func PublisherConfigFrom(cfg bus.Config) PublisherConfig {
-	cfg = cfg.WithDefaults()
-	k := cfg.Kafka
-	return PublisherConfig{
-		Brokers:      k.Brokers,
-		ClientID:     k.ClientID,
-		KafkaVersion: k.Version,
-		TLS:          tlsFrom(k.TLS),
-		SASL:         SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
-	}
+	return PublisherConfig{ConnectionConfig: connectionFrom(cfg.WithDefaults().Kafka)}
 }
 
 // SubscriberConfigFrom maps the kafka section of a bus.Config to a
@@ -58,16 +50,22 @@ func SubscriberConfigFrom(cfg bus.Config) SubscriberConfig {
 	cfg = cfg.WithDefaults()
 	k := cfg.Kafka
 	return SubscriberConfig{
-		Brokers:           k.Brokers,
-		ClientID:          k.ClientID,
-		KafkaVersion:      k.Version,
-		TLS:               tlsFrom(k.TLS),
-		SASL:              SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
+		ConnectionConfig:  connectionFrom(k),
 		InitialOffset:     InitialOffset(k.InitialOffset),
 		DeadLetterTopic:   k.DeadLetterTopic,
 		MaxInFlight:       k.MaxInFlight,
 		MaxReadAheadBytes: k.MaxReadAheadBytes,
 		FetchMaxWait:      k.FetchMaxWait,
+	}
+}
+
+func connectionFrom(k bus.KafkaConfig) ConnectionConfig {
+	return ConnectionConfig{
+		Brokers:      k.Brokers,
+		ClientID:     k.ClientID,
+		KafkaVersion: k.Version,
+		TLS:          tlsFrom(k.TLS),
+		SASL:         SASLConfig{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password},
 	}
 }
 

@@ -15,6 +15,24 @@ import (
 	"strings"
 )
 
+// The iteration counts a SCRAM client accepts from the server. Deriving the
+// salted password costs one PBKDF2 iteration each, and the server chooses
+// the count, so it is bounded both ways:
+//
+//   - MinSCRAMIterations is the minimum of RFC 7677 and of Kafka itself: a
+//     lower count (an impostor asking for 1) makes the client proof it
+//     receives cheap to brute-force offline for the password.
+//   - MaxSCRAMIterations bounds what a hostile or misconfigured server can
+//     make a client spend: 100,000 iterations of SCRAM-SHA-512 cost about
+//     80 ms of one core per connection (measured; 2^31, the most a server
+//     can ask, would take about half an hour). Kafka stores credentials of
+//     4096 to 16384 iterations, so this leaves room for Kafka-compatible
+//     brokers configured with more.
+const (
+	MinSCRAMIterations = 4096
+	MaxSCRAMIterations = 100_000
+)
+
 // scramClient is the client side of SCRAM (RFC 5802) for sarama's
 // SCRAMClient interface: client-first, client-final, then verification of the
 // server signature.
@@ -86,8 +104,12 @@ func (c *scramClient) clientFinal(serverFirst string) (string, error) {
 		return "", fmt.Errorf("scram: salt: %w", err)
 	}
 	n, err := strconv.Atoi(iter)
-	if err != nil || n < 1 {
-		return "", fmt.Errorf("scram: iteration count %q", iter)
+	if err != nil || n < MinSCRAMIterations || n > MaxSCRAMIterations {
+		if len(iter) > 32 {
+			iter = iter[:32] + "..."
+		}
+		return "", fmt.Errorf("scram: the server's iteration count %q is outside %d..%d: fewer make the proof cheap to brute-force, more would pin the CPU",
+			iter, MinSCRAMIterations, MaxSCRAMIterations)
 	}
 	size := c.newHash().Size()
 	salted, err := pbkdf2.Key(c.newHash, c.password, salt, n, size)

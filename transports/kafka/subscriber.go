@@ -251,13 +251,15 @@ func (s *Subscriber) deadLetterPublisher() (*Publisher, error) {
 		return s.dlq, nil
 	}
 	p, err := NewPublisher(PublisherConfig{
-		Brokers:      s.cfg.Brokers,
-		ClientID:     s.cfg.ClientID,
-		KafkaVersion: s.cfg.KafkaVersion,
-		TLS:          s.cfg.TLS,
-		SASL:         s.cfg.SASL,
-		DialTimeout:  s.cfg.DialTimeout,
-		Client:       s.cfg.Client,
+		ConnectionConfig: s.cfg.ConnectionConfig,
+		Client:           s.cfg.Client,
+		// A dead letter copies a record its topic accepted, whatever its
+		// size: the brokers' limit for the dead-letter topic decides, not a
+		// local one that would refuse it on every try while its partition
+		// waits. One record per request, so that the dead letters of several
+		// partitions are not batched past that limit.
+		MaxMessageBytes: int(sarama.MaxRequestSize) - 1, // the largest sarama allows
+		Tune:            func(c *sarama.Config) { c.Producer.Flush.MaxMessages = 1 },
 	}, s.log)
 	if err != nil {
 		return nil, fmt.Errorf("start dead-letter publisher: %w", err)
