@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -190,7 +191,7 @@ func (p *Publisher) send(ctx context.Context, topic string, records []*sarama.Pr
 		select {
 		case p.producer.Input() <- pm:
 		case <-ctx.Done():
-			b.settle(len(records)-i, bus.Transient(fmt.Errorf("publish to kafka topic %q: %w", topic, ctx.Err())))
+			b.settle(len(records)-i, contextEnded(topic, ctx.Err()))
 			p.mu.RUnlock()
 			return b.result()
 		}
@@ -200,8 +201,21 @@ func (p *Publisher) send(ctx context.Context, topic string, records []*sarama.Pr
 	case <-b.done:
 		return b.result()
 	case <-ctx.Done():
-		return bus.Transient(fmt.Errorf("publish to kafka topic %q: %w", topic, ctx.Err()))
+		return contextEnded(topic, ctx.Err())
 	}
+}
+
+// contextEnded classifies a Publish that stopped waiting because its context
+// ended. A deadline means the publish was attempted and timed out: counted,
+// like any failure of an attempted message (DESIGN §3), so a record that
+// always times out reaches its budget. A cancellation (the relay shutting
+// down) says nothing about the record: transient.
+func contextEnded(topic string, err error) error {
+	wrapped := fmt.Errorf("publish to kafka topic %q: %w", topic, err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return wrapped
+	}
+	return bus.Transient(wrapped)
 }
 
 // Close flushes the records handed to the producer, waits for their
