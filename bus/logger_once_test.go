@@ -30,7 +30,7 @@ func TestWatermillLogger_RouterLineOfASettledFailureGoesToDebug(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var got []slog.Record
-			logger := slog.New(recordHandler{func(r slog.Record) { got = append(got, r) }})
+			logger := slog.New(recordHandler{f: func(r slog.Record) { got = append(got, r) }})
 			msg := message.NewMessage(watermill.NewUUID(), nil)
 			msg.SetContext(bus.WithDelivery(context.Background(), bus.Delivery{}))
 			if tc.settled {
@@ -53,12 +53,20 @@ func TestWatermillLogger_RouterLineOfASettledFailureGoesToDebug(t *testing.T) {
 	}
 }
 
-type recordHandler struct{ f func(slog.Record) }
+// recordHandler hands each record, with the attributes of With, to f.
+type recordHandler struct {
+	f     func(slog.Record)
+	attrs []slog.Attr
+}
 
 func (recordHandler) Enabled(context.Context, slog.Level) bool { return true }
 func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(h.attrs...)
 	h.f(r)
 	return nil
 }
-func (h recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h recordHandler) WithGroup(string) slog.Handler      { return h }
+func (h recordHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return recordHandler{f: h.f, attrs: append(append([]slog.Attr(nil), h.attrs...), as...)}
+}
+func (h recordHandler) WithGroup(string) slog.Handler { return h }
