@@ -89,16 +89,18 @@ func postgresBehind(t *testing.T, port int) (dsn, target string) {
 // serving is a relay or ingest running in process, whose stderr the test
 // reads while it runs.
 type serving struct {
-	stderr syncBuffer
-	cancel context.CancelFunc
-	done   chan int
+	stderr    syncBuffer
+	cancel    context.CancelFunc
+	done      chan int
+	listening atomic.Bool // the metrics endpoint was started
 }
 
 func startServing(t *testing.T, args ...string) *serving {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &serving{cancel: cancel, done: make(chan int, 1)}
-	a := &app{stdout: io.Discard, stderr: &s.stderr, lookupEnv: func(string) (string, bool) { return "", false }}
+	a := &app{stdout: io.Discard, stderr: &s.stderr, lookupEnv: func(string) (string, bool) { return "", false },
+		onListen: func(string) { s.listening.Store(true) }}
 	go func() { s.done <- a.run(ctx, args) }()
 	t.Cleanup(func() {
 		cancel()
@@ -205,11 +207,12 @@ func TestRelay_WaitsForPostgreSQLAndTheBrokerDownAtStart(t *testing.T) {
 }
 
 // TestServe_StopSignalEndsTheStartupWait: SIGINT/SIGTERM (the context
-// ending) while the relay waits for its database stops it cleanly.
+// ending) while relay or ingest waits for its database stops it cleanly;
+// the metrics endpoint is not served before the wait is over.
 func TestServe_StopSignalEndsTheStartupWait(t *testing.T) {
 	t.Parallel()
 	dsn, _ := postgresBehind(t, testenv.FreePort(t))
-	path := writeConfig(t, fmt.Sprintf("postgres:\n  url: %q\nobservability:\n  metrics_addr: \"-\"\n  log_level: warn\n", dsn))
+	path := writeConfig(t, fmt.Sprintf("postgres:\n  url: %q\nobservability:\n  metrics_addr: 127.0.0.1:0\n  log_level: warn\n", dsn))
 	for _, cmd := range []string{"relay", "ingest"} {
 		t.Run(cmd, func(t *testing.T) {
 			t.Parallel()
@@ -221,6 +224,7 @@ func TestServe_StopSignalEndsTheStartupWait(t *testing.T) {
 			s.waitLog(t, "WARN", "PostgreSQL unreachable")
 			assert.Equal(t, exitOK, s.stop(t), "stopped while waiting is a clean stop:\n%s", s.stderr.String())
 			assert.NotContains(t, s.stderr.String(), "hunter2")
+			assert.False(t, s.listening.Load(), "/metrics and /healthz are served only once the wait is over")
 		})
 	}
 }
