@@ -143,7 +143,10 @@ func (b *Bus) Subscriber(group string) (message.Subscriber, error) {
 }
 
 // Close closes the subscribers made by Subscriber that are still open,
-// then the broker (its publisher, clients and pools). It is idempotent.
+// then the broker (its publisher, clients and pools). While the broker is
+// not connected it stops connecting; an attempt in progress is waited for
+// (a dial to a host that drops packets lasts the transport's dial timeout).
+// It is idempotent.
 func (b *Bus) Close() error {
 	b.mu.Lock()
 	if b.closed {

@@ -15,8 +15,10 @@ import (
 func init() {
 	bus.RegisterBroker(bus.BrokerRedis, openBroker)
 	// go-redis prints connection trouble to stderr; the first bus.Open given
-	// a logger sends it to that logger instead.
-	bus.NewLibraryLogger("go-redis", slog.LevelWarn, func(l *bus.LibraryLogger) { goredis.SetLogger(l.Context()) })
+	// a logger sends it to that logger instead, at Info: omnibus reports the
+	// failures themselves (a Warn per connection attempt, a line per failed
+	// delivery), go-redis's lines are the details.
+	bus.NewLibraryLogger("go-redis", slog.LevelInfo, func(l *bus.LibraryLogger) { goredis.SetLogger(l.Context()) })
 }
 
 // redisBroker is the redis broker of bus.Open: one client shared by the
