@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bus"
@@ -54,7 +55,9 @@ type options struct {
 }
 
 // WithLogger makes the bus, its broker and its processors log to l. Without
-// it nothing is logged.
+// it nothing is logged. The first Open given a logger also receives what
+// the broker client libraries print (go-redis, sarama: their loggers are
+// global to the process; see bus.LibraryLogger).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithPool makes the Bus use the caller's pool instead of opening one from
@@ -77,6 +80,12 @@ type Bus struct {
 // Open validates cfg, connects to PostgreSQL (postgres.url, unless WithPool)
 // and opens the broker cfg.Broker names. It does not create tables: run
 // Migrate (or `omnibus migrate`) first. Close the Bus when done.
+//
+// PostgreSQL must answer: an unreachable one fails Open with a bus.Transient
+// error (Connect). The broker need not: writing to the outbox never needs
+// it, so with the broker down Open still returns, Outbox().Enqueue works,
+// and the Bus connects to the broker in the background (bus.Open says how);
+// meanwhile the relay's publishes fail as transient and spend no attempt.
 func Open(ctx context.Context, cfg bus.Config, opts ...Option) (*Bus, error) {
 	var o options
 	for _, opt := range opts {
@@ -110,7 +119,10 @@ func Open(ctx context.Context, cfg bus.Config, opts ...Option) (*Bus, error) {
 }
 
 // Connect opens a pool to cfg's PostgreSQL (postgres.url, postgres.max_conns)
-// and checks that it answers. Errors never show the password.
+// and checks that it answers. Errors never show the password. A server that
+// cannot be reached (refused, timed out) is a bus.Transient error, which a
+// caller may wait out; a server that answers and refuses (bad credentials,
+// no such database) is not.
 func Connect(ctx context.Context, cfg bus.Config) (*pgxpool.Pool, error) {
 	cfg = cfg.WithDefaults()
 	pcfg, err := pgxpool.ParseConfig(cfg.Postgres.URL)
@@ -126,7 +138,14 @@ func Connect(ctx context.Context, cfg bus.Config) (*pgxpool.Pool, error) {
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("connect to PostgreSQL at %s: %s", bus.RedactDSN(cfg.Postgres.URL), bus.RedactDSN(err.Error()))
+		// The error text is redacted, so the error chain is not kept: its
+		// class is decided here.
+		cerr := fmt.Errorf("connect to PostgreSQL at %s: %s", bus.RedactDSN(cfg.Postgres.URL), bus.RedactDSN(err.Error()))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return nil, cerr // the server answered: waiting will not help
+		}
+		return nil, bus.Transient(cerr)
 	}
 	return pool, nil
 }

@@ -3,6 +3,7 @@ package omnibus_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +106,36 @@ func TestOpen_ConfigErrorsAndUnreachableDatabase(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "postgres://u:REDACTED@127.0.0.1:1/db")
 	assert.NotContains(t, err.Error(), "hunter2")
+}
+
+// TestConnect_UnreachableDatabaseIsTransient: a PostgreSQL that cannot be
+// reached is a transient error (a serving command waits for it), one that
+// answers and refuses is not (waiting would not help); neither error shows
+// the password.
+func TestConnect_UnreachableDatabaseIsTransient(t *testing.T) {
+	t.Parallel()
+	testenv.Postgres(t) // fails with instructions when PostgreSQL is down
+	u, err := url.Parse(testenv.PostgresURL())
+	require.NoError(t, err)
+	missingDB := *u
+	missingDB.User = url.UserPassword(u.User.Username(), "hunter2")
+	missingDB.Path = "/omnibus_no_such_database"
+	for _, tc := range []struct {
+		name string
+		url  string
+		want bus.Class
+	}{
+		{"nothing listens", fmt.Sprintf("postgres://u:hunter2@127.0.0.1:%d/db?connect_timeout=2", testenv.FreePort(t)), bus.ClassTransient},
+		{"the server refuses", missingDB.String(), bus.ClassCounted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := omnibus.Connect(context.Background(), bus.Config{Postgres: bus.PostgresConfig{URL: tc.url}})
+			require.Error(t, err)
+			assert.Equal(t, tc.want, bus.ClassOf(err), "class of %v", err)
+			assert.NotContains(t, err.Error(), "hunter2")
+		})
+	}
 }
 
 func TestConfigMapping(t *testing.T) {

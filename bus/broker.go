@@ -29,8 +29,12 @@ type Broker interface {
 }
 
 // BrokerFactory opens a Broker from cfg (defaults applied and validated).
-// logger is never nil. A factory that connects should fail here when the
-// broker cannot be reached, so that Open fails fast.
+// logger is never nil; ctx ends when the Bus is closed. A factory that
+// connects and cannot reach the broker returns an error marked Transient:
+// Open then returns a Bus that calls the factory again in the background
+// (with ConnectBackoff between attempts) until it succeeds, so that writing
+// to the outbox never waits for the broker. Any other error of the first
+// attempt fails Open.
 type BrokerFactory func(ctx context.Context, cfg Config, logger *slog.Logger) (Broker, error)
 
 var (

@@ -88,7 +88,8 @@ func DeliveryOf(msg *message.Message) (Delivery, bool) {
 
 // Settle records s on msg, replacing any earlier settlement. It reports
 // false when msg carries no Delivery (its subscriber does not read
-// settlements).
+// settlements). Whoever settles a failure logs it (the Retry and DeadLetter
+// middleware do), so WatermillLogger's router logs it again only at Debug.
 func Settle(msg *message.Message, s Settlement) bool {
 	st, ok := msg.Context().Value(deliveryKey{}).(*deliveryState)
 	if !ok {
@@ -97,6 +98,7 @@ func Settle(msg *message.Message, s Settlement) bool {
 	st.mu.Lock()
 	st.settlement = &s
 	st.mu.Unlock()
+	settledFailures.note(msg.UUID)
 	return true
 }
 

@@ -3,19 +3,89 @@ package bus
 import (
 	"context"
 	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 )
 
 // WatermillLogger adapts l to Watermill's LoggerAdapter. Watermill's Trace
 // level maps to slog Debug-4. A nil l means no logging.
+//
+// A failed delivery is logged once: the router's "Handler returned error"
+// line goes to Debug for a message whose failure was settled (Settle) —
+// the Retry middleware, which settles, has logged it already with its
+// class, attempts and retry time. Failures nobody settled (a handler
+// without Retry) keep the router's Error line.
 func WatermillLogger(l *slog.Logger) watermill.LoggerAdapter {
 	if l == nil {
 		return watermill.NopLogger{}
 	}
-	return watermill.NewSlogLoggerWithLevelMapping(l, map[slog.Level]slog.Level{
+	return onceLogged{watermill.NewSlogLoggerWithLevelMapping(l, map[slog.Level]slog.Level{
 		watermill.LevelTrace: slog.LevelDebug - 4,
-	})
+	})}
+}
+
+// routerHandlerError is the message of the line Watermill v1.5's router
+// logs at Error when a handler returns an error.
+const routerHandlerError = "Handler returned error"
+
+// onceLogged demotes the router's line for a failure already logged.
+type onceLogged struct{ watermill.LoggerAdapter }
+
+func (o onceLogged) Error(msg string, err error, fields watermill.LogFields) {
+	if msg == routerHandlerError {
+		if id, ok := fields["message_uuid"].(string); ok && settledFailures.take(id) {
+			o.LoggerAdapter.Debug(msg, fields.Add(watermill.LogFields{"error": err}))
+			return
+		}
+	}
+	o.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (o onceLogged) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return onceLogged{o.LoggerAdapter.With(fields)}
+}
+
+// settledFailures remembers the messages whose failed delivery was settled
+// (and so logged by whoever settled it), until the router logs the failure
+// or settledMemory passes. It is bounded: forgetting costs one duplicate
+// log line, never a message.
+var settledFailures = &failureMemo{m: make(map[string]time.Time)}
+
+const (
+	settledMemory  = time.Minute
+	settledMemoMax = 10000
+)
+
+type failureMemo struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+func (f *failureMemo) note(id string) {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.m) >= settledMemoMax {
+		for k, at := range f.m {
+			if now.Sub(at) > settledMemory {
+				delete(f.m, k)
+			}
+		}
+		if len(f.m) >= settledMemoMax {
+			clear(f.m)
+		}
+	}
+	f.m[id] = now
+}
+
+func (f *failureMemo) take(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.m[id]
+	delete(f.m, id)
+	return ok && time.Since(at) <= settledMemory
 }
 
 // SlogLogger returns a *slog.Logger that writes to a Watermill LoggerAdapter,

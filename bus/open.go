@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -34,7 +35,7 @@ func WithLogger(l *slog.Logger) OpenOption {
 // package), use the omnibus package's Open: it wraps a Bus and adds them.
 type Bus struct {
 	cfg    Config
-	broker Broker
+	broker *lazyBroker
 	logger *slog.Logger
 	pub    message.Publisher
 
@@ -43,11 +44,21 @@ type Bus struct {
 	closed bool
 }
 
-// Open validates cfg (defaults applied), opens the broker it names and
-// returns the Bus. It fails when the config is invalid (an error wrapping
-// ErrInvalidConfig, naming the key), when the broker is not linked into the
-// program (import its transport, or transports/all), or when the broker
-// cannot be reached. Close the Bus when done.
+// Open validates cfg (defaults applied) and opens the broker it names. It
+// fails when the config is invalid (an error wrapping ErrInvalidConfig,
+// naming the key), when the broker is not linked into the program (import
+// its transport, or transports/all), or when the broker refuses the
+// connection for a reason that waiting will not fix (its factory returns an
+// error that is not Transient: bad TLS files, say).
+//
+// A broker that cannot be reached does not fail Open: writing to the outbox
+// must not need the broker. Open waits for the first attempt to connect (at
+// most DefaultConnectWait, or until ctx ends) and then returns a Bus that
+// keeps connecting in the background, waiting ConnectBackoff between
+// attempts and logging each failed one at Warn with the reason. Until it is
+// connected, Publish fails with a Transient error wrapping
+// ErrBrokerUnavailable (a relay spends no attempt on it), and subscriptions
+// wait for it. WaitBroker waits for the connection. Close the Bus when done.
 func Open(ctx context.Context, cfg Config, opts ...OpenOption) (*Bus, error) {
 	var o openOptions
 	for _, opt := range opts {
@@ -61,12 +72,26 @@ func Open(ctx context.Context, cfg Config, opts ...OpenOption) (*Bus, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := LoggerOrNop(o.logger).With("broker", cfg.Broker)
-	b, err := factory(ctx, cfg, logger)
-	if err != nil {
-		return nil, fmt.Errorf("open %s broker: %w", cfg.Broker, err)
+	if o.logger != nil {
+		routeLibraryLogs(o.logger)
 	}
-	return &Bus{cfg: cfg, broker: b, logger: logger, pub: sharedPublisher{b.Publisher()}}, nil
+	return openWith(ctx, cfg, factory, LoggerOrNop(o.logger).With("broker", cfg.Broker), DefaultConnectWait)
+}
+
+// openWith is Open once the factory is known: it starts connecting and
+// waits for the first attempt at most wait.
+func openWith(ctx context.Context, cfg Config, factory BrokerFactory, logger *slog.Logger, wait time.Duration) (*Bus, error) {
+	lb := connectBroker(ctx, cfg, factory, logger)
+	firstErr, ctxErr := lb.awaitFirst(ctx, wait)
+	switch {
+	case ctxErr != nil:
+		_ = lb.Close()
+		return nil, fmt.Errorf("open %s broker: %w", cfg.Broker, ctxErr)
+	case firstErr != nil && ClassOf(firstErr) != ClassTransient:
+		_ = lb.Close()
+		return nil, fmt.Errorf("open %s broker: %w", cfg.Broker, firstErr)
+	}
+	return &Bus{cfg: cfg, broker: lb, logger: logger, pub: sharedPublisher{lb.Publisher()}}, nil
 }
 
 // Config returns the configuration the Bus was opened with, defaults applied.
@@ -75,18 +100,30 @@ func (b *Bus) Config() Config { return b.cfg }
 // BrokerName returns the name of the broker in use ("memory", "kafka", …).
 func (b *Bus) BrokerName() string { return b.cfg.Broker }
 
-// Broker returns the underlying Broker.
+// Broker returns the Bus's Broker: it connects to the transport in the
+// background (see Open) and hands out the same Publisher and Subscribers as
+// the Bus.
 func (b *Bus) Broker() Broker { return b.broker }
+
+// WaitBroker returns nil once the broker is connected, ctx's error if ctx
+// ends first, or ErrBusClosed when the Bus is closed. Open does not wait:
+// call it where a process should not start without its broker (the relay
+// and ingest commands do); meanwhile each failed attempt is logged at Warn.
+func (b *Bus) WaitBroker(ctx context.Context) error { return b.broker.wait(ctx) }
 
 // Publisher returns the broker's publisher. It is shared and owned by the
 // Bus: its Close is a no-op (so a Watermill router that closes the
-// publishers of its handlers does not close it); Bus.Close closes it.
+// publishers of its handlers does not close it); Bus.Close closes it. While
+// the broker is not connected, Publish fails with a Transient error wrapping
+// ErrBrokerUnavailable.
 func (b *Bus) Publisher() message.Publisher { return b.pub }
 
 // Subscriber returns a new subscriber that receives as consumer group group
 // (required): every group receives every message, and within a group each
 // message is handled once. The caller may close it (a router does when it
-// stops); Bus.Close closes it otherwise.
+// stops); Bus.Close closes it otherwise. While the broker is not connected,
+// a Subscribe returns its channel at once and subscribes when the broker
+// answers.
 func (b *Bus) Subscriber(group string) (message.Subscriber, error) {
 	if group == "" {
 		return nil, errors.New("bus: a subscriber needs a consumer group")
@@ -106,7 +143,10 @@ func (b *Bus) Subscriber(group string) (message.Subscriber, error) {
 }
 
 // Close closes the subscribers made by Subscriber that are still open,
-// then the broker (its publisher, clients and pools). It is idempotent.
+// then the broker (its publisher, clients and pools). While the broker is
+// not connected it stops connecting; an attempt in progress is waited for
+// (a dial to a host that drops packets lasts the transport's dial timeout).
+// It is idempotent.
 func (b *Bus) Close() error {
 	b.mu.Lock()
 	if b.closed {

@@ -135,9 +135,9 @@ func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	b, err := omnibus.Open(ctx, cfg, omnibus.WithLogger(logger))
-	if err != nil {
-		return err
+	b, err := openWhenReachable(ctx, cfg, logger) // waits for PostgreSQL and the broker (startup.go)
+	if err != nil || b == nil {
+		return err // b == nil: stopped while waiting
 	}
 	defer func() { _ = b.Close() }()
 

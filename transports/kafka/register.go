@@ -4,16 +4,26 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/omnibus-go/omnibus/bus"
 )
 
-func init() { bus.RegisterBroker(bus.BrokerKafka, openBroker) }
+func init() {
+	bus.RegisterBroker(bus.BrokerKafka, openBroker)
+	// sarama prints nothing unless told; from here on it prints to slog (its
+	// notices at Info, its chatter at Debug) once a bus.Open is given a
+	// logger. Set at init, before any client runs: sarama reads these
+	// variables without synchronization.
+	sarama.Logger = bus.NewLibraryLogger("sarama", slog.LevelInfo, nil)
+	sarama.DebugLogger = bus.NewLibraryLogger("sarama", slog.LevelDebug, nil)
+}
 
 // kafkaBroker is the kafka broker of bus.Open: one shared Publisher (it
-// connects when the broker opens, so an unreachable cluster fails Open) and a
-// consumer-group Subscriber per call.
+// connects when the broker opens; an unreachable cluster is a transient
+// error, which bus.Open retries in the background) and a consumer-group
+// Subscriber per call.
 type kafkaBroker struct {
 	cfg    bus.Config
 	pub    *Publisher

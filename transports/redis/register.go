@@ -12,7 +12,14 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 )
 
-func init() { bus.RegisterBroker(bus.BrokerRedis, openBroker) }
+func init() {
+	bus.RegisterBroker(bus.BrokerRedis, openBroker)
+	// go-redis prints connection trouble to stderr; the first bus.Open given
+	// a logger sends it to that logger instead, at Info: omnibus reports the
+	// failures themselves (a Warn per connection attempt, a line per failed
+	// delivery), go-redis's lines are the details.
+	bus.NewLibraryLogger("go-redis", slog.LevelInfo, func(l *bus.LibraryLogger) { goredis.SetLogger(l.Context()) })
+}
 
 // redisBroker is the redis broker of bus.Open: one client shared by the
 // Publisher and every Subscriber (opened, pinged and closed by the broker).
@@ -34,7 +41,9 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 	client := goredis.NewClient(opts)
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("connect to Redis at %s: %w", r.Addr, err)
+		// Transient when Redis cannot be reached: bus.Open then keeps
+		// connecting in the background.
+		return nil, classify(fmt.Errorf("connect to Redis at %s: %w", r.Addr, err))
 	}
 	pub, err := NewPublisher(PublisherConfig{Client: client, StreamPrefix: r.StreamPrefix, MaxLen: r.MaxLen}, logger)
 	if err != nil {
