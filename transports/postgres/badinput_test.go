@@ -247,3 +247,47 @@ func TestEnqueue_TextPostgreSQLCannotStoreIsRefusedByField(t *testing.T) {
 		})
 	}
 }
+
+// Over an inbox table too, a row whose lease expired max_attempts times
+// without a settlement (its handler killed the process each time) is failed
+// by the next fetch, saying so, instead of being handed out again.
+func TestInbox_RowWhoseLeaseExpiredMaxAttemptsTimesFails(t *testing.T) {
+	t.Parallel()
+	pool, in := newInbox(t)
+	ctx := context.Background()
+	killer := received("orders", "k", "", "killer")
+	SetMaxAttempts(killer, 3)
+	_, err := in.Store(ctx, pool, "g", killer, received("orders", "k", "", "after"))
+	require.NoError(t, err)
+	e := &engine{pool: pool, q: newQueries(in.q.table, true), worker: "w", group: "g", lease: 30 * time.Second, run: 1}
+	expire := func() {
+		_, err := pool.Exec(ctx, `UPDATE `+in.q.table.quoted()+` SET locked_until = now() - interval '1 second' WHERE locked_by IS NOT NULL`)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE `+in.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1 second' WHERE locked_by IS NOT NULL`)
+		require.NoError(t, err)
+	}
+	for crash := 1; crash <= 3; crash++ {
+		res, err := e.fetch(ctx, AllTopics, 10, 10)
+		require.NoError(t, err)
+		require.Len(t, res.units, 1, "delivery %d", crash)
+		require.Equal(t, "killer", string(res.units[0].rows[0].payload), "delivery %d", crash)
+		assert.Equal(t, crash-1, res.units[0].rows[0].attempts, "the delivery reports the attempts spent before it")
+		expire() // the process died: nothing is settled, the lease runs out
+	}
+	res, err := e.fetch(ctx, AllTopics, 10, 10)
+	require.NoError(t, err)
+	for _, u := range res.units {
+		for _, r := range u.rows {
+			assert.NotEqual(t, "killer", string(r.payload), "a row whose budget the crashes spent is not handed out again")
+		}
+	}
+	var (
+		status, lastError string
+		attempts          int
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status, attempts, last_error FROM `+in.q.table.quoted()+` WHERE payload = 'killer'::bytea`).
+		Scan(&status, &attempts, &lastError))
+	assert.Equal(t, "failed", status)
+	assert.Equal(t, 3, attempts)
+	assert.Contains(t, lastError, "lease expired without a settlement")
+}
