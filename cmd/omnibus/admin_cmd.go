@@ -55,7 +55,10 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return f(cfg, pool, adm)
+		if err := f(cfg, pool, adm); err != nil {
+			return explainSchemaError(ctx, adm, err)
+		}
+		return nil
 	}
 
 	var asJSON bool

@@ -201,7 +201,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 		{"unknown config key", []string{"--config", unknownKey, "migrate", "--print"}, "outbox.tabel (line 2): field tabel not found"},
 		{"bad log format", []string{"--log-format", "xml", "config", "check"}, `observability.log_format: "xml" is not one of text, json`},
 		{"bad log level", []string{"--log-level", "loud", "relay"}, `observability.log_level: "loud" is not one of debug, info, warn, error`},
-		{"ingest without topics", []string{"--config", writeConfig(t, "observability:\n  metrics_addr: \"-\"\n"), "ingest"}, "inbox.topics: required by ingest"},
+		{"ingest without topics", []string{"--config", writeConfig(t, "broker: memory\nobservability:\n  metrics_addr: \"-\"\n"), "ingest", "--allow-memory-broker"}, "inbox.topics: required by ingest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
