@@ -94,6 +94,8 @@ Exit status: 0 success, 1 runtime failure, 2 bad usage or configuration.`,
 			return usagef("missing command")
 		},
 	}
+	root.Version = buildVersion()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.CompletionOptions.DisableDefaultCmd = true
 	pf := root.PersistentFlags()
