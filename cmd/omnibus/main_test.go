@@ -185,7 +185,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 	}{
 		{"no command", nil, "missing command"},
 		{"unknown command", []string{"bogus"}, `unknown command "bogus" for "omnibus"`},
-		{"group without subcommand", []string{"outbox"}, "omnibus outbox needs a subcommand: cleanup, failed, release-leases, requeue, stats, sweep-lanes"},
+		{"group without subcommand", []string{"outbox"}, "omnibus outbox needs a subcommand: cleanup, failed, release-leases, requeue, show, stats, sweep-lanes"},
 		{"unknown subcommand", []string{"inbox", "purge"}, `unknown command "purge" for "omnibus inbox"`},
 		{"unknown flag", []string{"outbox", "stats", "--nope"}, "unknown flag: --nope"},
 		{"bad flag value", []string{"outbox", "cleanup", "--older-than", "soon"}, `invalid argument "soon" for "--older-than"`},
@@ -300,9 +300,12 @@ func TestOutboxAdmin_Golden(t *testing.T) {
 	step("outbox", "failed")
 	step("outbox", "failed", "--limit", "1")
 	step("outbox", "failed", "--after", id3)
+	step("outbox", "failed", "--json")
+	r := step("outbox", "failed", "--json", "--limit", "1")
+	assert.Equal(t, "more may follow: --after "+id3+"\n", r.stderr, "the paging hint goes to stderr, the JSON alone to stdout")
 	step("outbox", "requeue", id3)
 	step("outbox", "requeue", id3, "999")
-	r := step("outbox", "requeue", "--all")
+	r = step("outbox", "requeue", "--all")
 	assert.Equal(t, "requeue: 1/1 rows\n", r.stderr, "plain progress lines when not on a terminal")
 	r = step("outbox", "cleanup")
 	assert.Equal(t, "cleanup: 2/2 rows\n", r.stderr)
@@ -355,6 +358,7 @@ func TestInboxAdmin_GoldenPerGroup(t *testing.T) {
 		{"inbox", "stats", "--group", "billing"},
 		{"inbox", "failed"},
 		{"inbox", "failed", "--group", "shipping"},
+		{"inbox", "failed", "--json"},
 		{"inbox", "requeue", "--group", "billing", "--all"},
 		{"inbox", "cleanup", "--group", "shipping"},
 		{"inbox", "cleanup", "--group", "billing"},

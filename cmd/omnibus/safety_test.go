@@ -134,8 +134,12 @@ func TestRelay_ReadyzIs503UntilTheSchemaIsMigratedThen200WithoutARestart(t *test
 		testenv.RedisAddr(), testenv.RedisPrefix(t)))
 	addr, stop := runServing(t, "--config", path, "relay")
 
-	code, body := get(t, "http://"+addr+"/healthz")
-	assert.Equal(t, http.StatusOK, code, "alive: %s", body)
+	var code int
+	var body string
+	waitUntil(t, "/healthz says the relay is alive", func() bool {
+		code, _ = get(t, "http://"+addr+"/healthz")
+		return code == http.StatusOK
+	})
 	waitUntil(t, "/readyz reports the missing table and the failing fetches", func() bool {
 		code, body = get(t, "http://"+addr+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "\nschema: ") && strings.Contains(body, "\nfetch: ")
