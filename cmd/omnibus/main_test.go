@@ -531,14 +531,28 @@ func readFile(t *testing.T, path string) string {
 	return string(b)
 }
 
+// demoTopicRE finds the topic in the demo's first line.
+var demoTopicRE = regexp.MustCompile(`\(topic (\S+)\)`)
+
+// tablesWithPrefix counts the tables, functions and migration records whose
+// name starts with prefix.
+func tablesWithPrefix(t *testing.T, prefix string) int {
+	t.Helper()
+	return count(t, `SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND starts_with(tablename, $1))
+		+ (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public' AND starts_with(p.proname, $1))
+		+ (SELECT count(*) FROM omnibus_schema_migrations WHERE starts_with(table_name, $1))`, prefix)
+}
+
 func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 	t.Parallel()
 	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, bus.BrokerKafka, bus.BrokerRedis} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			extra := ""
+			var streamPrefix string
 			if broker == bus.BrokerRedis {
-				extra = fmt.Sprintf("redis:\n  addr: %s\n  stream_prefix: %q\n", testenv.RedisAddr(), testenv.RedisPrefix(t))
+				streamPrefix = testenv.RedisPrefix(t)
+				extra = fmt.Sprintf("redis:\n  addr: %s\n  stream_prefix: %q\n", testenv.RedisAddr(), streamPrefix)
 			}
 			path, _, _ := tablesConfig(t, extra)
 			prefix := "demo_" + broker + "_" + randomHex(4)
@@ -555,8 +569,32 @@ func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 				assert.Regexp(t, `deduplicated by the inbox\s+[3-9]\n`, r.stdout)
 			}
 			assert.Contains(t, r.stdout, "verified: 6 of 6 orders saw created → paid → shipped in order")
+
+			// It leaves nothing behind: tables, trigger functions, migration
+			// records, streams.
+			assert.Zero(t, tablesWithPrefix(t, prefix), "the demo dropped what it created in PostgreSQL")
+			if broker == bus.BrokerRedis {
+				m := demoTopicRE.FindStringSubmatch(r.stdout)
+				require.NotNil(t, m, "the demo names its topic")
+				stream := streamPrefix + m[1]
+				n, err := testenv.Redis(t).Exists(context.Background(), stream, stream+redis.DefaultDeadLetterSuffix).Result()
+				require.NoError(t, err)
+				assert.Zero(t, n, "the demo deleted its streams %s*", stream)
+			}
 		})
 	}
+}
+
+func TestDemo_KeepLeavesTheTablesForInspection(t *testing.T) {
+	t.Parallel()
+	path, _, _ := tablesConfig(t, "")
+	prefix := "demo_keep_" + randomHex(4)
+	testenv.DropPostgresPrefix(t, prefix)
+	r := cli(t, context.Background(), "--config", path, "demo", "--orders", "2", "--table-prefix", prefix, "--keep")
+	ok(t, r)
+	assert.Contains(t, r.stdout, fmt.Sprintf("kept the demo's tables %s_*", prefix))
+	assert.Equal(t, 6, count(t, `SELECT count(*) FROM `+prefix+`_outbox WHERE status = 'completed'`))
+	assert.Equal(t, 6, count(t, `SELECT count(*) FROM `+prefix+`_inbox WHERE status = 'completed'`))
 }
 
 // TestConfigDefaultsMatchTheTransports keeps bus's mirrored defaults equal to
