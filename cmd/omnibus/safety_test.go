@@ -157,7 +157,11 @@ func TestRelay_ReadyzIs503UntilTheSchemaIsMigratedThen200WithoutARestart(t *test
 	waitUntil(t, "the same relay delivers once the table exists", func() bool {
 		return count(t, `SELECT count(*) FROM `+outbox+` WHERE status = 'completed'`) == 2
 	})
-	ok(t, stop())
+	r := stop()
+	ok(t, r)
+	assert.Equal(t, 1, strings.Count(r.stderr, "level=WARN msg=\"not ready: outbox table"),
+		"the relay logged once at start that the table is missing; stderr:\n%s", r.stderr)
+	assert.Contains(t, r.stderr, "does not exist: run `omnibus migrate`")
 }
 
 func TestCommands_OnAnUnmigratedDatabaseSayRunMigrate(t *testing.T) {
