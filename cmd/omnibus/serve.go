@@ -59,17 +59,17 @@ func checkMemoryBroker(raw, cfg bus.Config, command string, allowed bool) error 
 	if cfg.Broker != bus.BrokerMemory || (raw.Broker == bus.BrokerMemory && allowed) {
 		return nil
 	}
-	what, verb := "deliver the outbox into", "relay into"
+	what, consequence, verb := "deliver the outbox into", "which nothing outside this process reads: the rows would be marked delivered and the events lost", "relay into"
 	if command == "ingest" {
-		what, verb = "receive from", "ingest from"
+		what, consequence, verb = "receive from", "which nothing outside this process publishes to: it would store nothing", "ingest from"
 	}
 	reason := fmt.Sprintf("not set, so %s would %s the in-process memory broker (the default)", command, what)
 	if raw.Broker == bus.BrokerMemory {
 		reason = fmt.Sprintf("memory: %s would %s the in-process memory broker", command, what)
 	}
 	return &bus.ConfigError{Field: "broker", Reason: fmt.Sprintf(
-		"%s, which nothing outside this process reaches, so events would be lost: set broker: kafka|redis|postgres in the config or OMNIBUS_BROKER; "+
-			"to %s the in-process memory broker on purpose (tests, demos) set broker: memory and pass --%s", reason, verb, allowMemoryFlag)}
+		"%s, %s; set broker: kafka|redis|postgres in the config or OMNIBUS_BROKER; "+
+			"to %s the in-process memory broker on purpose (tests, demos) set broker: memory and pass --%s", reason, consequence, verb, allowMemoryFlag)}
 }
 
 // served is what serve hands to a command's setup.
