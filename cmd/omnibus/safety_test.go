@@ -300,3 +300,33 @@ func TestBrokerCheck_ProbesTheConfiguredBroker(t *testing.T) {
 	assert.Nil(t, brokerCheck(bus.Config{Broker: bus.BrokerPostgres}), "the database check covers the postgres broker")
 	assert.Nil(t, brokerCheck(bus.Config{Broker: bus.BrokerMemory}))
 }
+
+func TestSchemaCheck_SaysMissingThenBehindThenPasses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path, outbox, inbox := tablesConfig(t, "")
+	adm, err := postgres.NewAdmin(testenv.Postgres(t), postgres.OutboxTable(outbox))
+	require.NoError(t, err)
+	check := schemaCheck(adm)
+	latest := postgres.LatestSchemaVersion()
+	require.Greater(t, latest, 1)
+
+	err = check(ctx)
+	var se *schemaError
+	require.ErrorAs(t, err, &se)
+	assert.EqualError(t, err, fmt.Sprintf("outbox table %q does not exist: run `omnibus migrate` (with this configuration)", outbox))
+
+	ok(t, cli(t, ctx, "--config", path, "migrate"))
+	require.NoError(t, check(ctx))
+
+	// A binary newer than the schema: the last migration is not recorded.
+	_, err = testenv.Postgres(t).Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1 AND version = $2`, outbox, latest)
+	require.NoError(t, err)
+	assert.EqualError(t, check(ctx), fmt.Sprintf("outbox table %q is at schema version %d, this omnibus needs %d: run `omnibus migrate` (with this configuration)",
+		outbox, latest-1, latest))
+	r := cli(t, ctx, "--config", path, "migrate")
+	ok(t, r)
+	assert.Equal(t, fmt.Sprintf("migrated %s (outbox), %s (inbox) to version %d\n", outbox, inbox, latest), r.stdout,
+		"not up to date: one table was behind")
+	assert.NoError(t, check(ctx))
+}
