@@ -66,7 +66,7 @@ const (
 	DefaultRelayCloseTimeout      = 30 * time.Second
 	DefaultLogLevel               = "info"
 	DefaultLogFormat              = "text"
-	DefaultMetricsAddr            = ":9464"
+	DefaultMetricsAddr            = "127.0.0.1:9464"
 	DefaultTraces                 = TracesOff
 	// TracesOff and TracesOTLP are the values of observability.traces.
 	TracesOff  = "off"

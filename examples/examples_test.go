@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -52,10 +55,16 @@ func TestMain(m *testing.M) {
 // program fails or runs for more than 90 s.
 func runExample(t *testing.T, name string, env ...string) string {
 	t.Helper()
+	return runExampleArgs(t, name, nil, env...)
+}
+
+// runExampleArgs is runExample with command-line arguments.
+func runExampleArgs(t *testing.T, name string, args []string, env ...string) string {
+	t.Helper()
 	testenv.Postgres(t) // a clear failure when PostgreSQL is down
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, name))
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, name), args...)
 	cmd.Env = append(filteredEnv(),
 		"OMNIBUS_POSTGRES_URL="+testenv.PostgresURL(),
 		"OMNIBUS_REDIS_ADDR="+testenv.RedisAddr(),
@@ -80,11 +89,46 @@ func filteredEnv() []string {
 	return out
 }
 
+// leftInPostgres lists what is left in PostgreSQL whose name starts with one
+// of prefixes: tables, functions, schemas and migration records.
+func leftInPostgres(t *testing.T, prefixes ...string) []string {
+	t.Helper()
+	rows, err := testenv.Postgres(t).Query(context.Background(), `
+		WITH p AS (SELECT unnest($1::text[]) AS prefix)
+		SELECT 'table ' || schemaname || '.' || tablename FROM pg_tables, p WHERE starts_with(tablename, p.prefix)
+		UNION ALL
+		SELECT 'function ' || proname FROM pg_proc, p WHERE starts_with(proname, p.prefix)
+		UNION ALL
+		SELECT 'schema ' || nspname FROM pg_namespace, p WHERE starts_with(nspname, p.prefix)
+		UNION ALL
+		SELECT 'migration record ' || table_name FROM public.omnibus_schema_migrations, p WHERE starts_with(table_name, p.prefix)`,
+		prefixes)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return left
+}
+
+// leftInRedis lists the keys that start with prefix.
+func leftInRedis(t *testing.T, prefix string) []string {
+	t.Helper()
+	keys, err := testenv.Redis(t).Keys(context.Background(), prefix+"*").Result()
+	require.NoError(t, err)
+	return keys
+}
+
 func TestOutboxBasic(t *testing.T) {
 	t.Parallel()
 	out := runExample(t, "outbox-basic")
 	assert.Contains(t, out, "wrote 3 orders and 9 events in 9 transactions")
 	assert.Contains(t, out, "all 9 events delivered in order per order id; 0 left pending")
+	assert.Empty(t, leftInPostgres(t, "omnibus_example_outbox", "example_orders"), "the example drops what it created")
+
+	out = runExampleArgs(t, "outbox-basic", []string{"-keep"})
+	assert.Contains(t, out, "kept the example's tables")
+	assert.NotEmpty(t, leftInPostgres(t, "omnibus_example_outbox", "example_orders"), "-keep keeps them")
+	runExample(t, "outbox-basic") // drops them again
+	assert.Empty(t, leftInPostgres(t, "omnibus_example_outbox", "example_orders"))
 }
 
 func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
@@ -96,12 +140,25 @@ func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
 			if broker == "kafka" {
 				env = append(env, "OMNIBUS_KAFKA_BROKERS="+strings.Join(testenv.Kafka(t), ","))
 			}
+			// Its own stream prefix and queue table, to see what it leaves.
+			prefix := testenv.RedisPrefix(t)
+			queue := "broker_swap_q_" + strings.ToLower(watermill.NewShortUUID())
+			env = append(env, "OMNIBUS_REDIS_STREAM_PREFIX="+prefix, "OMNIBUS_POSTGRES_QUEUE_TABLE="+queue)
+			testenv.DropPostgresPrefix(t, queue)
 			out := runExample(t, "broker-swap", env...)
 			assert.Contains(t, out, "broker: "+broker+"\n")
 			for _, id := range []string{"order-1", "order-2", "order-3"} {
 				assert.Contains(t, out, id+": created, paid, shipped\n")
 			}
 			assert.Contains(t, out, "9 messages published and received through "+broker+", in order per key")
+			switch broker {
+			case "redis":
+				assert.Empty(t, leftInRedis(t, prefix), "the example deletes its stream")
+			case "postgres":
+				var n int
+				require.NoError(t, testenv.Postgres(t).QueryRow(context.Background(), `SELECT count(*) FROM `+queue).Scan(&n))
+				assert.Zero(t, n, "the example deletes its rows from the queue table")
+			}
 		})
 	}
 }
@@ -111,7 +168,10 @@ func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
 func TestCompleteWorker(t *testing.T) {
 	t.Parallel()
 	for _, broker := range []string{"memory", "redis"} {
-		out := runExample(t, "complete-worker", "OMNIBUS_BROKER="+broker)
+		prefix := testenv.RedisPrefix(t)
+		out := runExample(t, "complete-worker", "OMNIBUS_BROKER="+broker, "OMNIBUS_REDIS_STREAM_PREFIX="+prefix)
+		assert.Empty(t, leftInPostgres(t, "complete_worker_"), "the example drops what it created")
+		assert.Empty(t, leftInRedis(t, prefix), "the example deletes its streams")
 		assert.Equal(t, fmt.Sprintf(`complete-worker: broker %s, topic orders
 placed 3 orders
 confirmed by the dispatcher: order-1, order-2, order-3
@@ -125,19 +185,39 @@ shut down gracefully
 // they delivered everything.
 func TestTransportAndInboxExamples(t *testing.T) {
 	t.Parallel()
-	for name, want := range map[string]*regexp.Regexp{
-		"outbox-redis":     regexp.MustCompile(`all \d+ events delivered through stream .* in order per order id; 0 outbox rows left pending`),
-		"outbox-kafka":     regexp.MustCompile(`all \d+ events delivered through Kafka topic .* in order per order id; 0 outbox rows left pending`),
-		"inbox-dispatcher": regexp.MustCompile(`ledger: \d+ entries, exactly one per handled event`),
-		"saga":             regexp.MustCompile(`saga `),
+	for name, tc := range map[string]struct {
+		want     *regexp.Regexp
+		postgres []string // what it creates in PostgreSQL, by name prefix
+		redis    string   // what it creates in Redis, by key prefix
+	}{
+		"outbox-redis": {regexp.MustCompile(`all \d+ events delivered through stream .* in order per order id; 0 outbox rows left pending`),
+			[]string{"omnibus_example_redis_outbox", "example_redis_orders"}, "omnibus:example:orders"},
+		"outbox-kafka": {regexp.MustCompile(`all \d+ events delivered through Kafka topic .* in order per order id; 0 outbox rows left pending`),
+			[]string{"omnibus_example_kafka_outbox", "example_kafka_orders"}, ""},
+		"inbox-dispatcher": {regexp.MustCompile(`ledger: \d+ entries, exactly one per handled event`), []string{"omnibus_example_inbox"}, ""},
+		"saga":             {regexp.MustCompile(`saga `), []string{"omnibus_example_saga"}, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			env := []string{}
+			var brokers []string
 			if name == "outbox-kafka" {
-				env = append(env, "OMNIBUS_KAFKA_BROKERS="+strings.Join(testenv.Kafka(t), ","))
+				brokers = testenv.Kafka(t)
+				env = append(env, "OMNIBUS_KAFKA_BROKERS="+strings.Join(brokers, ","))
 			}
-			assert.Regexp(t, want, runExample(t, name, env...))
+			assert.Regexp(t, tc.want, runExample(t, name, env...))
+			assert.Empty(t, leftInPostgres(t, tc.postgres...), "the example drops what it created")
+			if tc.redis != "" {
+				assert.Empty(t, leftInRedis(t, tc.redis), "the example deletes its streams")
+			}
+			if brokers != nil {
+				admin, err := sarama.NewClusterAdmin(brokers, sarama.NewConfig())
+				require.NoError(t, err)
+				defer admin.Close()
+				topics, err := admin.ListTopics()
+				require.NoError(t, err)
+				assert.NotContains(t, topics, "omnibus.example.orders", "the example deletes its topic")
+			}
 		})
 	}
 }

@@ -24,7 +24,7 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 	var groupFlag string
 	cmd := &cobra.Command{
 		Use:   kind,
-		Short: "Inspect and repair the " + kind + " table: stats, failed, requeue, cleanup, release-leases, sweep-lanes",
+		Short: "Inspect and repair the " + kind + " table: stats, failed, show, requeue, cleanup, release-leases, sweep-lanes",
 		Args:  cobra.ArbitraryArgs,
 		RunE:  group,
 	}
@@ -55,7 +55,10 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return f(cfg, pool, adm)
+		if err := f(cfg, pool, adm); err != nil {
+			return explainSchemaError(ctx, adm, err)
+		}
+		return nil
 	}
 
 	var asJSON bool
@@ -81,10 +84,16 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 
 	var limit int
 	var after int64
+	var failedJSON bool
 	failed := &cobra.Command{
 		Use:   "failed",
 		Short: "List failed rows (spent their attempts or failed permanently), oldest first",
-		Args:  noArgs,
+		Long: `failed lists the rows that spent their attempts or failed permanently, in id
+order, --limit at a time; page with --after the last id listed. With --json
+it prints a JSON array of objects (id, consumer_group for the inbox,
+event_id, topic, partition_key, event_type, attempts, max_attempts,
+last_error in full, created_at) and the paging hint on stderr.`,
+		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
 			if limit < 1 {
 				return usagef("--limit must be at least 1, got %d", limit)
@@ -94,6 +103,9 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if failedJSON {
+					return a.printFailedJSON(adm, rows, limit)
+				}
 				a.printFailed(adm, rows, limit)
 				return nil
 			})
@@ -101,6 +113,35 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 	}
 	failed.Flags().IntVar(&limit, "limit", postgres.DefaultListLimit, "rows to list at most")
 	failed.Flags().Int64Var(&after, "after", 0, "list rows with an id greater than this (paging)")
+	failed.Flags().BoolVar(&failedJSON, "json", false, "print a JSON array")
+
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Print one row in full: every column, metadata, last error and payload",
+		Long: `show prints the row ID with every column, its metadata, its full last error
+and its payload: indented when it is JSON, as text when it is UTF-8, with
+every byte that is not valid UTF-8 written as \xNN otherwise. Control
+characters other than newline and tab are escaped too, so no stored byte
+can drive the terminal.`,
+		Args: exactArgs(1),
+		RunE: a.runE(func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id < 1 {
+				return usagef("%q is not a row id", args[0])
+			}
+			return withAdmin(cmd.Context(), func(_ bus.Config, _ *pgxpool.Pool, adm *postgres.Admin) error {
+				row, err := adm.Row(cmd.Context(), id)
+				if errors.Is(err, postgres.ErrNotFound) {
+					return fmt.Errorf("no row %d in %s", id, describe(adm))
+				}
+				if err != nil {
+					return err
+				}
+				a.printRow(adm, row)
+				return nil
+			})
+		}),
+	}
 
 	var all bool
 	var batch int
@@ -241,7 +282,7 @@ relays see those keys again. Relays run the same sweep periodically
 		}),
 	}
 
-	cmd.AddCommand(stats, failed, requeue, cleanup, releaseLeases, sweepLanes)
+	cmd.AddCommand(stats, failed, show, requeue, cleanup, releaseLeases, sweepLanes)
 	return cmd
 }
 
@@ -339,6 +380,44 @@ func (a *app) printFailed(adm *postgres.Admin, rows []postgres.FailedRow, limit 
 	if len(rows) == limit {
 		fmt.Fprintf(a.stdout, "more may follow: --after %d\n", rows[len(rows)-1].ID)
 	}
+}
+
+// failedJSON is one row of `failed --json`.
+type failedJSON struct {
+	ID            int64     `json:"id"`
+	ConsumerGroup *string   `json:"consumer_group,omitempty"` // inbox only
+	EventID       string    `json:"event_id"`
+	Topic         string    `json:"topic"`
+	PartitionKey  string    `json:"partition_key"`
+	EventType     string    `json:"event_type"`
+	Attempts      int       `json:"attempts"`
+	MaxAttempts   int       `json:"max_attempts"`
+	LastError     string    `json:"last_error"`
+	CreatedAt     time.Time `json:"created_at"`
+}
+
+// printFailedJSON prints rows as a JSON array ([] when none) and, when the
+// page is full, the paging hint on stderr so that stdout stays JSON.
+func (a *app) printFailedJSON(adm *postgres.Admin, rows []postgres.FailedRow, limit int) error {
+	out := make([]failedJSON, len(rows))
+	for i, r := range rows {
+		out[i] = failedJSON{ID: r.ID, EventID: r.EventID, Topic: r.Topic, PartitionKey: r.PartitionKey,
+			EventType: r.EventType, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts, LastError: r.LastError,
+			CreatedAt: r.CreatedAt.UTC()}
+		if adm.Table().Kind == postgres.KindInbox {
+			g := r.ConsumerGroup
+			out[i].ConsumerGroup = &g
+		}
+	}
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(out); err != nil {
+		return err
+	}
+	if len(rows) == limit {
+		fmt.Fprintf(a.stderr, "more may follow: --after %d\n", rows[len(rows)-1].ID)
+	}
+	return nil
 }
 
 func orDash(s string) string {

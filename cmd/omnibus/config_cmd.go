@@ -28,7 +28,7 @@ redacted. It exits 2, naming the key at fault, when the configuration is
 invalid. It does not connect to anything.`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			cfg, err := a.loadConfig()
+			raw, cfg, err := a.loadConfigs()
 			if err != nil {
 				return err
 			}
@@ -37,6 +37,10 @@ invalid. It does not connect to anything.`,
 				source = a.configPath
 			}
 			fmt.Fprintf(a.stdout, "# configuration OK (from %s); secrets redacted\n%s", source, cfg.String())
+			if raw.Observability.MetricsAddr == "" {
+				fmt.Fprintf(a.stdout, "# observability.metrics_addr is not set: relay serves on %s, ingest on %s\n",
+					defaultMetricsAddr("relay"), defaultMetricsAddr("ingest"))
+			}
 			return nil
 		}),
 	})
@@ -101,6 +105,19 @@ func (a *app) migrate(ctx context.Context, cfg bus.Config, tables []postgres.Tab
 		return err
 	}
 	defer pool.Close()
+	// Read the tables' versions first, to say whether migrate applied anything.
+	current := true
+	for _, t := range tables {
+		adm, err := postgres.NewAdmin(pool, t)
+		if err != nil {
+			return err
+		}
+		st, err := adm.SchemaState(ctx)
+		if err != nil {
+			return err
+		}
+		current = current && st.Exists && st.Version >= st.Latest
+	}
 	if err := postgres.Migrate(ctx, pool, tables...); err != nil {
 		return err
 	}
@@ -108,6 +125,10 @@ func (a *app) migrate(ctx context.Context, cfg bus.Config, tables []postgres.Tab
 	for i, t := range tables {
 		names[i] = fmt.Sprintf("%s (%s)", t.Name, t.Kind)
 	}
-	fmt.Fprintf(a.stdout, "migrated %s\n", strings.Join(names, ", "))
+	if current {
+		fmt.Fprintf(a.stdout, "already up to date: %s at version %d\n", strings.Join(names, ", "), postgres.LatestSchemaVersion())
+		return nil
+	}
+	fmt.Fprintf(a.stdout, "migrated %s to version %d\n", strings.Join(names, ", "), postgres.LatestSchemaVersion())
 	return nil
 }

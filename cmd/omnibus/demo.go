@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // demoSteps are the events of an order, in the order they happen.
@@ -36,6 +39,7 @@ type demoOptions struct {
 	flakyEvery int
 	timeout    time.Duration
 	prefix     string
+	keep       bool
 }
 
 func (a *app) demoCommand() *cobra.Command {
@@ -52,7 +56,10 @@ ingests them into the inbox as consumer group omnibus-demo, has the broker
 deliver some of them twice, dispatches them to handlers that apply each event
 to its order in the transaction that completes it (some fail once and are
 retried), and prints a summary: events written, delivered, deduplicated,
-failed, and whether every order saw its events in order.`,
+failed, and whether every order saw its events in order. When done it drops
+its tables (with their trigger functions and migration records) and, with
+broker redis, deletes its streams; --keep leaves them for inspection. A topic
+on an external Kafka cluster is left there (it says so).`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
 			if o.orders < 1 {
@@ -81,6 +88,7 @@ failed, and whether every order saw its events in order.`,
 	f.IntVar(&o.flakyEvery, "flaky-every", 5, "every n-th order's payment handler fails once (0: never)")
 	f.DurationVar(&o.timeout, "timeout", 60*time.Second, "give up after this long")
 	f.StringVar(&o.prefix, "table-prefix", "omnibus_demo", "prefix of the demo's tables")
+	f.BoolVar(&o.keep, "keep", false, "keep the demo's tables and streams when done (default: drop them)")
 	return cmd
 }
 
@@ -123,6 +131,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	cfg.Relay.CloseTimeout = 5 * time.Second
 	ordersTable := o.prefix + "_orders"
 	topic := "omnibus_demo_orders_" + randomHex(4)
+	externalKafka := cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) > 0
 	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
 			kfake.GroupMinSessionTimeout(time.Second))
@@ -152,6 +161,29 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	if err := resetDemoTables(ctx, pool, cfg, ordersTable); err != nil {
 		return err
 	}
+	// Runs after the Bus and the processors are closed (deferred later), before
+	// the pool is.
+	defer func() {
+		if o.keep {
+			fmt.Fprintf(a.stdout, "kept the demo's tables %s_* (--keep)\n", o.prefix)
+			return
+		}
+		// ctx may have run out: the clean-up gets its own time.
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := dropDemoTables(cctx, pool, cfg, ordersTable); err != nil {
+			fmt.Fprintf(a.stderr, "omnibus demo: %v\n", err)
+		}
+		if cfg.Broker == bus.BrokerRedis {
+			if err := deleteDemoStreams(cctx, cfg, topic); err != nil {
+				fmt.Fprintf(a.stderr, "omnibus demo: %v\n", err)
+			}
+		}
+		if externalKafka {
+			fmt.Fprintf(a.stdout, "left topic %s and consumer group %s on the Kafka cluster at %s\n",
+				topic, cfg.Inbox.ConsumerGroup, strings.Join(cfg.Kafka.Brokers, ","))
+		}
+	}()
 
 	b, err := omnibus.Open(ctx, cfg, omnibus.WithPool(pool), omnibus.WithLogger(logger))
 	if err != nil {
@@ -299,24 +331,57 @@ func orderNumber(id string) int {
 	return n
 }
 
-// resetDemoTables drops the demo's tables (and their migration records) so
-// each run starts clean, and creates its orders table.
+// resetDemoTables drops what an earlier run left (see dropDemoTables) so
+// each run starts clean, and creates the demo's orders table.
 func resetDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, ordersTable string) error {
-	tables := []string{cfg.Outbox.Table, cfg.Inbox.Table, cfg.Postgres.QueueTable}
-	var drop []string
-	for _, t := range tables {
-		drop = append(drop, t, t+"_lanes")
+	if err := dropDemoTables(ctx, pool, cfg, ordersTable); err != nil {
+		return err
 	}
-	drop = append(drop, ordersTable)
-	sql := `DROP TABLE IF EXISTS ` + strings.Join(drop, ", ") + `;
+	sql := `CREATE TABLE ` + pgx.Identifier{ordersTable}.Sanitize() + ` (id text PRIMARY KEY, status text NOT NULL, handled text[] NOT NULL DEFAULT '{}')`
+	if _, err := pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("create the demo's table %s: %w", ordersTable, err)
+	}
+	return nil
+}
+
+// dropDemoTables drops the demo's outbox, inbox and queue tables with their
+// lanes tables, trigger functions and migration records, and its orders
+// table. The names come from --table-prefix, checked by identifierLike.
+func dropDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, ordersTable string) error {
+	tables := []string{cfg.Outbox.Table, cfg.Inbox.Table, cfg.Postgres.QueueTable}
+	var drop, funcs, names []string
+	for _, t := range tables {
+		drop = append(drop, pgx.Identifier{t}.Sanitize(), pgx.Identifier{t + "_lanes"}.Sanitize())
+		funcs = append(funcs, pgx.Identifier{t + "_lane_fn"}.Sanitize()+"()", pgx.Identifier{t + "_notify_fn"}.Sanitize()+"()")
+		names = append(names, "'"+t+"'")
+	}
+	drop = append(drop, pgx.Identifier{ordersTable}.Sanitize())
+	sql := `DROP TABLE IF EXISTS ` + strings.Join(drop, ", ") + ` CASCADE;
+		DROP FUNCTION IF EXISTS ` + strings.Join(funcs, ", ") + `;
 		DO $$ BEGIN
 			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name IN ('` + strings.Join(tables, "', '") + `');
+				DELETE FROM omnibus_schema_migrations WHERE table_name IN (` + strings.Join(names, ", ") + `);
 			END IF;
-		END $$;
-		CREATE TABLE ` + ordersTable + ` (id text PRIMARY KEY, status text NOT NULL, handled text[] NOT NULL DEFAULT '{}')`
+		END $$`
 	if _, err := pool.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("reset the demo's tables: %w", err)
+		return fmt.Errorf("drop the demo's tables %s: %w", strings.Join(tables, ", "), err)
+	}
+	return nil
+}
+
+// deleteDemoStreams deletes the demo's Redis stream and its dead-letter
+// stream (their consumer groups go with them).
+func deleteDemoStreams(ctx context.Context, cfg bus.Config, topic string) error {
+	r := cfg.Redis
+	opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
+	if r.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := goredis.NewClient(opts)
+	defer client.Close()
+	stream := r.StreamPrefix + topic
+	if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
+		return fmt.Errorf("delete the demo's streams %s at %s: %w", stream, r.Addr, err)
 	}
 	return nil
 }

@@ -2,12 +2,13 @@
 // configuration file, without writing code:
 //
 //	omnibus migrate [--print]          create or upgrade the outbox and inbox tables
-//	omnibus relay                      outbox → broker, with /metrics and /healthz
-//	omnibus ingest                     broker → inbox, with /metrics and /healthz
-//	omnibus outbox stats|failed|requeue|cleanup
-//	omnibus inbox  stats|failed|requeue|cleanup
+//	omnibus relay                      outbox → broker, with /metrics, /healthz and /readyz (127.0.0.1:9464)
+//	omnibus ingest                     broker → inbox, with /metrics, /healthz and /readyz (127.0.0.1:9465)
+//	omnibus outbox stats|failed|show|requeue|cleanup|release-leases|sweep-lanes
+//	omnibus inbox  stats|failed|show|requeue|cleanup|release-leases|sweep-lanes
 //	omnibus config check               load, validate and print the config (secrets redacted)
-//	omnibus demo                       the whole pipeline end to end, with a summary
+//	omnibus demo [--keep]              the whole pipeline end to end, with a summary
+//	omnibus --version                  module version, commit and Go version
 //
 // The configuration comes from --config (or OMNIBUS_CONFIG) and the OMNIBUS_*
 // environment variables; see docs/configuration.md. Exit status: 0 success,

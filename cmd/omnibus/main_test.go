@@ -185,7 +185,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 	}{
 		{"no command", nil, "missing command"},
 		{"unknown command", []string{"bogus"}, `unknown command "bogus" for "omnibus"`},
-		{"group without subcommand", []string{"outbox"}, "omnibus outbox needs a subcommand: cleanup, failed, release-leases, requeue, stats, sweep-lanes"},
+		{"group without subcommand", []string{"outbox"}, "omnibus outbox needs a subcommand: cleanup, failed, release-leases, requeue, show, stats, sweep-lanes"},
 		{"unknown subcommand", []string{"inbox", "purge"}, `unknown command "purge" for "omnibus inbox"`},
 		{"unknown flag", []string{"outbox", "stats", "--nope"}, "unknown flag: --nope"},
 		{"bad flag value", []string{"outbox", "cleanup", "--older-than", "soon"}, `invalid argument "soon" for "--older-than"`},
@@ -201,7 +201,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 		{"unknown config key", []string{"--config", unknownKey, "migrate", "--print"}, "outbox.tabel (line 2): field tabel not found"},
 		{"bad log format", []string{"--log-format", "xml", "config", "check"}, `observability.log_format: "xml" is not one of text, json`},
 		{"bad log level", []string{"--log-level", "loud", "relay"}, `observability.log_level: "loud" is not one of debug, info, warn, error`},
-		{"ingest without topics", []string{"--config", writeConfig(t, "observability:\n  metrics_addr: \"-\"\n"), "ingest"}, "inbox.topics: required by ingest"},
+		{"ingest without topics", []string{"--config", writeConfig(t, "broker: memory\nobservability:\n  metrics_addr: \"-\"\n"), "ingest", "--allow-memory-broker"}, "inbox.topics: required by ingest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -300,9 +300,12 @@ func TestOutboxAdmin_Golden(t *testing.T) {
 	step("outbox", "failed")
 	step("outbox", "failed", "--limit", "1")
 	step("outbox", "failed", "--after", id3)
+	step("outbox", "failed", "--json")
+	r := step("outbox", "failed", "--json", "--limit", "1")
+	assert.Equal(t, "more may follow: --after "+id3+"\n", r.stderr, "the paging hint goes to stderr, the JSON alone to stdout")
 	step("outbox", "requeue", id3)
 	step("outbox", "requeue", id3, "999")
-	r := step("outbox", "requeue", "--all")
+	r = step("outbox", "requeue", "--all")
 	assert.Equal(t, "requeue: 1/1 rows\n", r.stderr, "plain progress lines when not on a terminal")
 	r = step("outbox", "cleanup")
 	assert.Equal(t, "cleanup: 2/2 rows\n", r.stderr)
@@ -355,6 +358,7 @@ func TestInboxAdmin_GoldenPerGroup(t *testing.T) {
 		{"inbox", "stats", "--group", "billing"},
 		{"inbox", "failed"},
 		{"inbox", "failed", "--group", "shipping"},
+		{"inbox", "failed", "--json"},
 		{"inbox", "requeue", "--group", "billing", "--all"},
 		{"inbox", "cleanup", "--group", "shipping"},
 		{"inbox", "cleanup", "--group", "billing"},
@@ -527,14 +531,28 @@ func readFile(t *testing.T, path string) string {
 	return string(b)
 }
 
+// demoTopicRE finds the topic in the demo's first line.
+var demoTopicRE = regexp.MustCompile(`\(topic (\S+)\)`)
+
+// tablesWithPrefix counts the tables, functions and migration records whose
+// name starts with prefix.
+func tablesWithPrefix(t *testing.T, prefix string) int {
+	t.Helper()
+	return count(t, `SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND starts_with(tablename, $1))
+		+ (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public' AND starts_with(p.proname, $1))
+		+ (SELECT count(*) FROM omnibus_schema_migrations WHERE starts_with(table_name, $1))`, prefix)
+}
+
 func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 	t.Parallel()
 	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, bus.BrokerKafka, bus.BrokerRedis} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			extra := ""
+			var streamPrefix string
 			if broker == bus.BrokerRedis {
-				extra = fmt.Sprintf("redis:\n  addr: %s\n  stream_prefix: %q\n", testenv.RedisAddr(), testenv.RedisPrefix(t))
+				streamPrefix = testenv.RedisPrefix(t)
+				extra = fmt.Sprintf("redis:\n  addr: %s\n  stream_prefix: %q\n", testenv.RedisAddr(), streamPrefix)
 			}
 			path, _, _ := tablesConfig(t, extra)
 			prefix := "demo_" + broker + "_" + randomHex(4)
@@ -551,8 +569,32 @@ func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 				assert.Regexp(t, `deduplicated by the inbox\s+[3-9]\n`, r.stdout)
 			}
 			assert.Contains(t, r.stdout, "verified: 6 of 6 orders saw created → paid → shipped in order")
+
+			// It leaves nothing behind: tables, trigger functions, migration
+			// records, streams.
+			assert.Zero(t, tablesWithPrefix(t, prefix), "the demo dropped what it created in PostgreSQL")
+			if broker == bus.BrokerRedis {
+				m := demoTopicRE.FindStringSubmatch(r.stdout)
+				require.NotNil(t, m, "the demo names its topic")
+				stream := streamPrefix + m[1]
+				n, err := testenv.Redis(t).Exists(context.Background(), stream, stream+redis.DefaultDeadLetterSuffix).Result()
+				require.NoError(t, err)
+				assert.Zero(t, n, "the demo deleted its streams %s*", stream)
+			}
 		})
 	}
+}
+
+func TestDemo_KeepLeavesTheTablesForInspection(t *testing.T) {
+	t.Parallel()
+	path, _, _ := tablesConfig(t, "")
+	prefix := "demo_keep_" + randomHex(4)
+	testenv.DropPostgresPrefix(t, prefix)
+	r := cli(t, context.Background(), "--config", path, "demo", "--orders", "2", "--table-prefix", prefix, "--keep")
+	ok(t, r)
+	assert.Contains(t, r.stdout, fmt.Sprintf("kept the demo's tables %s_*", prefix))
+	assert.Equal(t, 6, count(t, `SELECT count(*) FROM `+prefix+`_outbox WHERE status = 'completed'`))
+	assert.Equal(t, 6, count(t, `SELECT count(*) FROM `+prefix+`_inbox WHERE status = 'completed'`))
 }
 
 // TestConfigDefaultsMatchTheTransports keeps bus's mirrored defaults equal to

@@ -94,6 +94,8 @@ Exit status: 0 success, 1 runtime failure, 2 bad usage or configuration.`,
 			return usagef("missing command")
 		},
 	}
+	root.Version = buildVersion()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.CompletionOptions.DisableDefaultCmd = true
 	pf := root.PersistentFlags()
@@ -154,15 +156,22 @@ func exactArgs(n int) cobra.PositionalArgs {
 // loadConfig reads --config and the environment, applies the --log-* flags,
 // fills in defaults and validates.
 func (a *app) loadConfig() (bus.Config, error) {
-	cfg, err := a.loadRawConfig()
+	_, cfg, err := a.loadConfigs()
+	return cfg, err
+}
+
+// loadConfigs is loadConfig that also returns the raw config (before
+// defaults), for the decisions that depend on what the operator set.
+func (a *app) loadConfigs() (raw, cfg bus.Config, err error) {
+	raw, err = a.loadRawConfig()
 	if err != nil {
-		return bus.Config{}, err
+		return bus.Config{}, bus.Config{}, err
 	}
-	cfg = cfg.WithDefaults()
+	cfg = raw.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return bus.Config{}, err
+		return bus.Config{}, bus.Config{}, err
 	}
-	return cfg, nil
+	return raw, cfg, nil
 }
 
 // loadRawConfig is the config file, the environment and the flags, before

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -29,28 +28,89 @@ import (
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
+// Default metrics endpoints of the serving commands when
+// observability.metrics_addr is not set: loopback only, and one port per
+// command, so a relay and an ingest started from one config on one host do
+// not collide.
+const (
+	relayMetricsAddr  = bus.DefaultMetricsAddr // 127.0.0.1:9464
+	ingestMetricsAddr = "127.0.0.1:9465"
+)
+
+// defaultMetricsAddr is where command serves its endpoints when raw (the
+// config the operator wrote) does not set observability.metrics_addr.
+func defaultMetricsAddr(command string) string {
+	if command == "ingest" {
+		return ingestMetricsAddr
+	}
+	return relayMetricsAddr
+}
+
+// allowMemoryFlag is the acknowledgement relay and ingest need to run on the
+// memory broker.
+const allowMemoryFlag = "allow-memory-broker"
+
+// checkMemoryBroker refuses the memory broker for relay and ingest unless the
+// operator chose it (broker: memory in raw, the config before defaults) and
+// acknowledged it (allowed): a relay would mark every outbox row delivered
+// into a broker nothing outside the process reads, an ingest would wait for
+// messages nothing can publish.
+func checkMemoryBroker(raw, cfg bus.Config, command string, allowed bool) error {
+	if cfg.Broker != bus.BrokerMemory || (raw.Broker == bus.BrokerMemory && allowed) {
+		return nil
+	}
+	what, consequence, verb := "deliver the outbox into", "which nothing outside this process reads: the rows would be marked delivered and the events lost", "relay into"
+	if command == "ingest" {
+		what, consequence, verb = "receive from", "which nothing outside this process publishes to: it would store nothing", "ingest from"
+	}
+	reason := fmt.Sprintf("not set, so %s would %s the in-process memory broker (the default)", command, what)
+	if raw.Broker == bus.BrokerMemory {
+		reason = fmt.Sprintf("memory: %s would %s the in-process memory broker", command, what)
+	}
+	return &bus.ConfigError{Field: "broker", Reason: fmt.Sprintf(
+		"%s, %s; set broker: kafka|redis|postgres in the config or OMNIBUS_BROKER; "+
+			"to %s the in-process memory broker on purpose (tests, demos) set broker: memory and pass --%s", reason, consequence, verb, allowMemoryFlag)}
+}
+
+// served is what serve hands to a command's setup.
+type served struct {
+	bus     *omnibus.Bus
+	router  *message.Router
+	metrics *metrics
+	logger  *slog.Logger
+	ready   *readiness
+}
+
 func (a *app) relayCommand() *cobra.Command {
-	return &cobra.Command{
+	var allowMemory bool
+	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Relay the outbox to the broker until SIGINT or SIGTERM",
 		Long: `relay delivers the rows of the outbox table to the configured broker, in order
 per (topic, partition key), with durable retries, and serves Prometheus
-metrics on /metrics and a health check on /healthz (observability.metrics_addr).
+metrics on /metrics, liveness on /healthz and readiness on /readyz
+(observability.metrics_addr, default ` + relayMetricsAddr + `). /readyz answers 503
+while the outbox table is missing or older than this omnibus, the last fetch
+failed, or the database or the broker is unreachable.
 Run as many as you like. On SIGINT or SIGTERM it stops fetching, lets in-flight
-publishes finish (relay.close_timeout) and releases the rows it had fetched.`,
+publishes finish (relay.close_timeout) and releases the rows it had fetched.
+It refuses the memory broker unless broker: memory is set and
+--allow-memory-broker given.`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			return a.serve(cmd.Context(), "relay", func(b *omnibus.Bus, router *message.Router, m *metrics, logger *slog.Logger) (func(), error) {
+			return a.serve(cmd.Context(), "relay", allowMemory, func(s served) (func(), error) {
+				b, m := s.bus, s.metrics
 				rc := b.RelayConfig()
 				rc.Publisher = m.mw.Publisher(b.BrokerName(), rc.Publisher)
 				rc.Metrics = m.mw
 				rc.Tracing = m.tracing // nil: off
-				rc.Subscriber.Observer = m.pg
-				relay, err := processors.NewOutboxRelay(b.Pool(), rc, logger)
+				fetches := &fetchHealth{next: m.pg}
+				rc.Subscriber.Observer = fetches
+				relay, err := processors.NewOutboxRelay(b.Pool(), rc, s.logger)
 				if err != nil {
 					return nil, err
 				}
-				relay.AddTo(router)
+				relay.AddTo(s.router)
 				adm, err := b.OutboxAdmin()
 				if err != nil {
 					return nil, err
@@ -58,14 +118,20 @@ publishes finish (relay.close_timeout) and releases the rows it had fetched.`,
 				if err := m.table(adm); err != nil {
 					return nil, err
 				}
+				s.ready.add("schema", schemaCheck(adm))
+				s.ready.add("fetch", fetches.check)
+				warnSchema(cmd.Context(), adm, s.logger)
 				return func() {}, nil
 			})
 		}),
 	}
+	cmd.Flags().BoolVar(&allowMemory, allowMemoryFlag, false, "run on the in-process memory broker (broker: memory) although nothing outside this process reads it: tests and demos only")
+	return cmd
 }
 
 func (a *app) ingestCommand() *cobra.Command {
 	var topics []string
+	var allowMemory bool
 	cmd := &cobra.Command{
 		Use:   "ingest",
 		Short: "Store the broker's messages into the inbox until SIGINT or SIGTERM",
@@ -73,10 +139,13 @@ func (a *app) ingestCommand() *cobra.Command {
 broker as consumer group inbox.consumer_group and stores them in the inbox
 table, deduplicated per group; a message is acked only after its row is
 committed. Handle the stored rows with a processors.Dispatcher in your
-service. Serves /metrics and /healthz like relay, and stops the same way.`,
+service. Serves /metrics, /healthz and /readyz like relay (default
+` + ingestMetricsAddr + `, so that a relay and an ingest of one config can share a
+host), and stops the same way.`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			return a.serve(cmd.Context(), "ingest", func(b *omnibus.Bus, router *message.Router, m *metrics, logger *slog.Logger) (func(), error) {
+			return a.serve(cmd.Context(), "ingest", allowMemory, func(s served) (func(), error) {
+				b, m, router := s.bus, s.metrics, s.router
 				list := topics
 				if len(list) == 0 {
 					list = b.Config().Inbox.Topics
@@ -97,7 +166,7 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 					}
 					ic.Breaker.OnStateChange = m.mw.BreakerStateChange(ic.HandlerName)
 					ic.Inbox.Observer = m.pg // new and duplicate messages
-					ingest, err := processors.NewInboxIngest(b.Pool(), ic, logger)
+					ingest, err := processors.NewInboxIngest(b.Pool(), ic, s.logger)
 					if err != nil {
 						return nil, err
 					}
@@ -111,6 +180,8 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 				if err := m.table(adm); err != nil {
 					return nil, err
 				}
+				s.ready.add("schema", schemaCheck(adm))
+				warnSchema(cmd.Context(), adm, s.logger)
 				return func() {
 					for _, c := range closers {
 						_ = c()
@@ -120,16 +191,36 @@ service. Serves /metrics and /healthz like relay, and stops the same way.`,
 		}),
 	}
 	cmd.Flags().StringSliceVar(&topics, "topic", nil, "broker topic to ingest (repeatable; default inbox.topics)")
+	cmd.Flags().BoolVar(&allowMemory, allowMemoryFlag, false, "run on the in-process memory broker (broker: memory) although nothing outside this process publishes to it: tests and demos only")
 	return cmd
+}
+
+// warnSchema logs, once at start, that adm's table is missing or outdated:
+// the command keeps running (and /readyz says why it is not ready) and picks
+// the table up once `omnibus migrate` has run.
+func warnSchema(ctx context.Context, adm *postgres.Admin, logger *slog.Logger) {
+	st, err := adm.SchemaState(ctx)
+	if err != nil {
+		return // the fetches and /readyz report it
+	}
+	if p := schemaProblem(adm, st, nil); p != nil {
+		logger.Warn("not ready: "+p.Error(), "table", adm.Table().Name)
+	}
 }
 
 // serve runs a router built by setup until SIGINT/SIGTERM (or ctx ends),
 // with the metrics endpoint, then shuts down gracefully. setup returns what
 // to run after the router has stopped.
-func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *message.Router, *metrics, *slog.Logger) (func(), error)) error {
-	cfg, err := a.loadConfig()
+func (a *app) serve(ctx context.Context, name string, allowMemory bool, setup func(served) (func(), error)) error {
+	raw, cfg, err := a.loadConfigs()
 	if err != nil {
 		return err
+	}
+	if err := checkMemoryBroker(raw, cfg, name, allowMemory); err != nil {
+		return err
+	}
+	if raw.Observability.MetricsAddr == "" {
+		cfg.Observability.MetricsAddr = defaultMetricsAddr(name)
 	}
 	logger := a.logger(cfg).With("command", name)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
@@ -162,12 +253,26 @@ func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *
 		}
 	}()
 	m.tracing = tracing
-	after, err := setup(b, router, m, logger)
+	ready := &readiness{}
+	ready.add("router", func(context.Context) error {
+		if !router.IsRunning() {
+			return errors.New("not running")
+		}
+		return nil
+	})
+	ready.add("database", func(ctx context.Context) error {
+		if err := b.Pool().Ping(ctx); err != nil {
+			return fmt.Errorf("unreachable: %s", bus.RedactDSN(err.Error()))
+		}
+		return nil
+	})
+	after, err := setup(served{bus: b, router: router, metrics: m, logger: logger, ready: ready})
 	if err != nil {
 		return err
 	}
+	ready.add("broker", brokerCheck(cfg))
 
-	srv, err := a.startMetrics(cfg, m, router, b.Pool(), logger)
+	srv, err := a.startMetrics(cfg, m, router, ready, logger)
 	if err != nil {
 		return err
 	}
@@ -186,8 +291,9 @@ func (a *app) serve(ctx context.Context, name string, setup func(*omnibus.Bus, *
 	return nil
 }
 
-// startMetrics serves /metrics and /healthz unless metrics are off.
-func (a *app) startMetrics(cfg bus.Config, m *metrics, router *message.Router, pool *pgxpool.Pool, logger *slog.Logger) (*http.Server, error) {
+// startMetrics serves /metrics, /healthz (alive: the router runs) and
+// /readyz (every readiness check passes) unless metrics are off.
+func (a *app) startMetrics(cfg bus.Config, m *metrics, router *message.Router, ready *readiness, logger *slog.Logger) (*http.Server, error) {
 	if cfg.Observability.MetricsAddr == bus.MetricsOff {
 		return nil, nil
 	}
@@ -198,24 +304,20 @@ func (a *app) startMetrics(cfg bus.Config, m *metrics, router *message.Router, p
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		switch {
-		case !router.IsRunning():
+		if !router.IsRunning() {
 			http.Error(w, "router not running", http.StatusServiceUnavailable)
-		case pool.Ping(ctx) != nil:
-			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
-		default:
-			_, _ = w.Write([]byte("ok\n"))
+			return
 		}
+		_, _ = w.Write([]byte("ok\n"))
 	})
+	mux.Handle("GET /readyz", ready)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("metrics endpoint", "error", err)
 		}
 	}()
-	logger.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+	logger.Info("serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
 	if a.onListen != nil {
 		a.onListen(ln.Addr().String())
 	}

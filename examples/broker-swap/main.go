@@ -9,13 +9,15 @@
 //
 // Every key of the configuration can be set the same way (OMNIBUS_REDIS_ADDR,
 // OMNIBUS_POSTGRES_URL, …) or in a YAML file named by OMNIBUS_CONFIG; see
-// docs/configuration.md.
+// docs/configuration.md. When done it deletes what its topic left on Redis
+// or in the postgres broker's queue table, unless -keep.
 package main
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -27,10 +29,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	_ "github.com/omnibus-go/omnibus/transports/all" // every broker, so the config can pick any
 )
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "broker-swap:", err)
 		os.Exit(1)
@@ -57,6 +61,15 @@ func run() error {
 	// A topic of its own each run, so brokers that keep messages (Redis,
 	// Kafka, PostgreSQL) start empty.
 	topic := "broker_swap_orders_" + randomHex(4)
+	defer func() { // after the subscriber is closed (deferred below), before the broker
+		if *tidy.Keep {
+			fmt.Printf("kept topic %s on the %s broker (-keep)\n", topic, b.BrokerName())
+			return
+		}
+		if err := tidy.BrokerTopic(context.Background(), cfg, topic); err != nil {
+			fmt.Fprintln(os.Stderr, "broker-swap:", err)
+		}
+	}()
 	// The service receives as its consumer group, inbox.consumer_group
 	// (OMNIBUS_INBOX_CONSUMER_GROUP, default "omnibus"); the postgres broker
 	// stores a row for each group in postgres.queue_groups, which defaults
@@ -65,6 +78,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	defer sub.Close()
 	received, err := sub.Subscribe(ctx, topic)
 	if err != nil {
 		return err

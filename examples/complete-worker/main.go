@@ -11,7 +11,8 @@
 //	OMNIBUS_BROKER=redis go run ./examples/complete-worker
 //
 // PostgreSQL comes from OMNIBUS_POSTGRES_URL (default: a local server); the
-// broker from OMNIBUS_BROKER and its keys (docs/configuration.md).
+// broker from OMNIBUS_BROKER and its keys (docs/configuration.md). When done
+// it drops its tables and deletes its Redis streams, unless -keep.
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -34,6 +36,7 @@ import (
 
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
@@ -52,6 +55,7 @@ type orderPlaced struct {
 }
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "complete-worker:", err)
 		os.Exit(1)
@@ -77,6 +81,15 @@ func run() error {
 	if err := reset(ctx, b); err != nil {
 		return err
 	}
+	defer func() { // after the router and the ingest are closed, before the Bus
+		if *tidy.Keep {
+			fmt.Printf("kept the example's tables complete_worker_* (-keep)\n")
+			return
+		}
+		if err := cleanUp(context.Background(), b); err != nil {
+			fmt.Fprintln(os.Stderr, "complete-worker:", err)
+		}
+	}()
 	fmt.Printf("complete-worker: broker %s, topic orders\n", b.BrokerName())
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
@@ -261,6 +274,16 @@ func reset(ctx context.Context, b *omnibus.Bus) error {
 		return fmt.Errorf("reset the example's tables: %w", err)
 	}
 	return b.Migrate(ctx)
+}
+
+// cleanUp drops the example's tables and deletes what the orders topic left
+// on the broker.
+func cleanUp(ctx context.Context, b *omnibus.Bus) error {
+	cfg := b.Config()
+	return errors.Join(
+		tidy.BrokerTopic(ctx, cfg, "orders"),
+		tidy.DropTables(ctx, b.Pool(), []string{cfg.Outbox.Table, cfg.Inbox.Table, cfg.Postgres.QueueTable}, ordersTable, auditTable),
+	)
 }
 
 func randomHex(n int) string {

@@ -8,17 +8,19 @@
 // unknown type and one whose payload is not JSON fail at once, with the
 // reason on their row.
 //
-//	go run ./examples/inbox-dispatcher
+//	go run ./examples/inbox-dispatcher [-keep]
 //
 // PostgreSQL comes from OMNIBUS_POSTGRES_URL (default
 // postgres://postgres@127.0.0.1:5432/postgres), Redis from
-// OMNIBUS_REDIS_ADDR (default 127.0.0.1:6379).
+// OMNIBUS_REDIS_ADDR (default 127.0.0.1:6379). It drops its schema and
+// deletes its streams when done, unless -keep.
 package main
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -31,6 +33,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -50,6 +53,7 @@ type orderEvent struct {
 }
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "inbox-dispatcher:", err)
 		os.Exit(1)
@@ -73,12 +77,23 @@ func run() error {
 		return err
 	}
 	defer func() { _ = rdb.Close() }()
-	defer rdb.Del(context.Background(), prefix+topic, prefix+topic+redis.DefaultDeadLetterSuffix)
 
-	// A clean slate each run, so the output is the same every time.
-	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-		return fmt.Errorf("reset example schema: %w", err)
+	// A clean slate each run, so the output is the same every time, and
+	// nothing left behind when done (unless -keep).
+	if err := tidy.DropSchema(ctx, pool, schema); err != nil {
+		return err
 	}
+	defer func() {
+		if *tidy.Keep {
+			fmt.Printf("kept the example's schema %s and streams %s* (-keep)\n", schema, prefix)
+			return
+		}
+		err := errors.Join(tidy.DropSchema(context.Background(), pool, schema),
+			rdb.Del(context.Background(), prefix+topic, prefix+topic+redis.DefaultDeadLetterSuffix).Err())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "inbox-dispatcher:", err)
+		}
+	}()
 	if err := postgres.Migrate(ctx, pool, postgres.InboxTable(inboxTable)); err != nil {
 		return err
 	}

@@ -3,14 +3,16 @@
 // relay delivers the events in order per order id to a broker (here
 // Watermill's in-memory Pub/Sub), and the program prints what arrived.
 //
-//	go run ./examples/outbox-basic
+//	go run ./examples/outbox-basic [-keep]
 //
 // PostgreSQL comes from OMNIBUS_POSTGRES_URL (default
-// postgres://postgres@127.0.0.1:5432/postgres).
+// postgres://postgres@127.0.0.1:5432/postgres). It drops its tables when
+// done, unless -keep.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -33,6 +36,7 @@ const (
 )
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-basic:", err)
 		os.Exit(1)
@@ -55,15 +59,20 @@ func run() error {
 		return fmt.Errorf("PostgreSQL at %s: %w (start it with `make services`)", url, err)
 	}
 
-	// A clean slate each run, so the output is the same every time.
-	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS example_orders, omnibus_example_outbox, omnibus_example_outbox_lanes;
-		DO $$ BEGIN
-			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name = 'omnibus_example_outbox';
-			END IF;
-		END $$`); err != nil {
-		return fmt.Errorf("reset example tables: %w", err)
+	// A clean slate each run, so the output is the same every time, and
+	// nothing left behind when done (unless -keep).
+	if err := tidy.DropTables(ctx, pool, []string{outboxTable}, "example_orders"); err != nil {
+		return err
 	}
+	defer func() {
+		if *tidy.Keep {
+			fmt.Printf("kept the example's tables %s and example_orders (-keep)\n", outboxTable)
+			return
+		}
+		if err := tidy.DropTables(context.Background(), pool, []string{outboxTable}, "example_orders"); err != nil {
+			fmt.Fprintln(os.Stderr, "outbox-basic:", err)
+		}
+	}()
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}

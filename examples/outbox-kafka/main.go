@@ -4,17 +4,20 @@
 // each order's events share a partition, in order), and a consumer group
 // reads the topic and prints what arrived.
 //
-//	go run ./examples/outbox-kafka
+//	go run ./examples/outbox-kafka [-keep]
 //
 // Kafka comes from OMNIBUS_KAFKA_BROKERS (comma-separated host:port); when
 // it is not set, the program starts an in-process Kafka (kfake) and says so.
 // PostgreSQL comes from OMNIBUS_POSTGRES_URL (default
 // postgres://postgres@127.0.0.1:5432/postgres); `make services` starts it.
+// It drops its tables and deletes its topic and consumer group when done,
+// unless -keep.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -29,6 +32,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -43,6 +47,7 @@ const (
 )
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-kafka:", err)
 		os.Exit(1)
@@ -73,18 +78,24 @@ func run() error {
 	}
 	defer stopKafka()
 
-	// A clean slate each run, so the output is the same every time.
-	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+ordersTable+`, `+outboxTable+`, `+outboxTable+`_lanes;
-		DO $$ BEGIN
-			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name = '`+outboxTable+`';
-			END IF;
-		END $$`); err != nil {
-		return fmt.Errorf("reset example tables: %w", err)
+	// A clean slate each run, so the output is the same every time, and
+	// nothing left behind when done (unless -keep).
+	if err := tidy.DropTables(ctx, pool, []string{outboxTable}, ordersTable); err != nil {
+		return err
 	}
 	if err := resetTopic(ctx, brokers); err != nil {
 		return err
 	}
+	defer func() {
+		if *tidy.Keep {
+			fmt.Printf("kept the example's tables %s and %s, topic %s and consumer group %s (-keep)\n", outboxTable, ordersTable, topic, group)
+			return
+		}
+		err := errors.Join(tidy.DropTables(context.Background(), pool, []string{outboxTable}, ordersTable), deleteTopic(brokers))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "outbox-kafka:", err)
+		}
+	}()
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}
@@ -211,6 +222,22 @@ func kafkaBrokers() (brokers []string, stop func(), err error) {
 	brokers = cluster.ListenAddrs()
 	fmt.Printf("OMNIBUS_KAFKA_BROKERS is not set: started an in-process Kafka (kfake) at %s\n", strings.Join(brokers, ","))
 	return brokers, cluster.Close, nil
+}
+
+// deleteTopic deletes the example's consumer group and topic.
+func deleteTopic(brokers []string) error {
+	admin, err := sarama.NewClusterAdmin(brokers, sarama.NewConfig())
+	if err != nil {
+		return fmt.Errorf("Kafka at %v: %w", brokers, err)
+	}
+	defer admin.Close()
+	if err := admin.DeleteConsumerGroup(group); err != nil && !errors.Is(err, sarama.ErrGroupIDNotFound) {
+		return fmt.Errorf("delete consumer group %q: %w", group, err)
+	}
+	if err := admin.DeleteTopic(topic); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return fmt.Errorf("delete topic %q: %w", topic, err)
+	}
+	return nil
 }
 
 // resetTopic deletes the example's topic and consumer group if they exist

@@ -4,15 +4,17 @@
 // order per order id, and a consumer group reads the stream and prints what
 // arrived.
 //
-//	go run ./examples/outbox-redis
+//	go run ./examples/outbox-redis [-keep]
 //
 // PostgreSQL comes from OMNIBUS_POSTGRES_URL (default
 // postgres://postgres@127.0.0.1:5432/postgres), Redis from OMNIBUS_REDIS_ADDR
-// (default 127.0.0.1:6379). `make services` starts both.
+// (default 127.0.0.1:6379). `make services` starts both. It drops its
+// tables and deletes its stream when done, unless -keep.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -25,6 +27,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/redis"
@@ -38,6 +41,7 @@ const (
 )
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-redis:", err)
 		os.Exit(1)
@@ -72,19 +76,30 @@ func run() error {
 		return fmt.Errorf("Redis at %s: %w (start it with `make services`)", redisAddr, err)
 	}
 
-	// A clean slate each run, so the output is the same every time.
-	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS example_redis_orders, omnibus_example_redis_outbox, omnibus_example_redis_outbox_lanes;
-		DO $$ BEGIN
-			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name = 'omnibus_example_redis_outbox';
-			END IF;
-		END $$`); err != nil {
-		return fmt.Errorf("reset example tables: %w", err)
-	}
+	// A clean slate each run, so the output is the same every time, and
+	// nothing left behind when done (unless -keep).
 	stream := streamPrefix + topic
-	if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
-		return fmt.Errorf("reset example stream: %w", err)
+	cleanUp := func(ctx context.Context) error {
+		if err := tidy.DropTables(ctx, pool, []string{outboxTable}, "example_redis_orders"); err != nil {
+			return err
+		}
+		if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
+			return fmt.Errorf("delete the example's stream: %w", err)
+		}
+		return nil
 	}
+	if err := cleanUp(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		if *tidy.Keep {
+			fmt.Printf("kept the example's tables %s and example_redis_orders and stream %s (-keep)\n", outboxTable, stream)
+			return
+		}
+		if err := cleanUp(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, "outbox-redis:", err)
+		}
+	}()
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}

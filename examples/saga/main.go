@@ -14,16 +14,18 @@
 // trigger. Each event carries the saga's correlation id and the id of the
 // event that caused it (bus.CausedBy); the program prints each saga's chain.
 //
-//	go run ./examples/saga
+//	go run ./examples/saga [-keep]
 //
 // PostgreSQL comes from OMNIBUS_POSTGRES_URL (default
-// postgres://postgres@127.0.0.1:5432/postgres).
+// postgres://postgres@127.0.0.1:5432/postgres). It drops its schema when
+// done, unless -keep.
 package main
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"sort"
@@ -38,6 +40,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -58,6 +61,7 @@ type orderEvent struct {
 }
 
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "saga:", err)
 		os.Exit(1)
@@ -73,10 +77,20 @@ func run() error {
 	}
 	defer pool.Close()
 
-	// A clean slate each run, so the output is the same every time.
-	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-		return fmt.Errorf("reset example schema: %w", err)
+	// A clean slate each run, so the output is the same every time, and
+	// nothing left behind when done (unless -keep).
+	if err := tidy.DropSchema(ctx, pool, schema); err != nil {
+		return err
 	}
+	defer func() {
+		if *tidy.Keep {
+			fmt.Printf("kept the example's schema %s (-keep)\n", schema)
+			return
+		}
+		if err := tidy.DropSchema(context.Background(), pool, schema); err != nil {
+			fmt.Fprintln(os.Stderr, "saga:", err)
+		}
+	}()
 	if err := postgres.Migrate(ctx, pool,
 		postgres.OutboxTable(schema+".orders_outbox"), postgres.InboxTable(schema+".orders_inbox"),
 		postgres.OutboxTable(schema+".payments_outbox"), postgres.InboxTable(schema+".payments_inbox"),

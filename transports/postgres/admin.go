@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -414,4 +415,92 @@ func (a *Admin) SweepLanes(ctx context.Context) (int64, error) {
 // notify wakes the table's relays. It is best effort: they poll anyway.
 func (a *Admin) notify(ctx context.Context) {
 	_, _ = a.pool.Exec(ctx, "SELECT pg_notify($1, '')", a.q.channel)
+}
+
+// LatestSchemaVersion is the highest migration this build of omnibus applies:
+// a table whose recorded version is lower needs `omnibus migrate`.
+func LatestSchemaVersion() int {
+	if len(migrations) == 0 {
+		return 0
+	}
+	return migrations[len(migrations)-1].version
+}
+
+// SchemaState is what the database holds of an Admin's table.
+type SchemaState struct {
+	// Exists reports that the table and its lanes table both exist.
+	Exists bool
+	// Version is the highest migration Migrate recorded for the table in
+	// omnibus_schema_migrations (in the table's schema); 0 when none is
+	// recorded: the table was never migrated, or was created from
+	// `omnibus migrate --print` by another migration tool.
+	Version int
+	// Latest is LatestSchemaVersion: the version this build expects.
+	Latest int
+}
+
+// Behind reports a table that Migrate recorded at a version older than this
+// build's: `omnibus migrate` has migrations to apply. A table without a
+// recorded version is not Behind (nothing tells which SQL made it).
+func (s SchemaState) Behind() bool { return s.Version > 0 && s.Version < s.Latest }
+
+// SchemaState reads whether the Admin's table exists and which migrations
+// were recorded for it. It only reads the catalog and the bookkeeping table;
+// it never fails because they are missing.
+func (a *Admin) SchemaState(ctx context.Context) (SchemaState, error) {
+	s := SchemaState{Latest: LatestSchemaVersion()}
+	var booked bool
+	err := a.pool.QueryRow(ctx, schemaObjectsQuery,
+		a.tn.quoted(), a.tn.derived("_lanes").quoted(), migrationsBook(a.tn)).Scan(&s.Exists, &booked)
+	if err != nil {
+		return SchemaState{}, fmt.Errorf("schema state of %q: %w", a.tn, err)
+	}
+	if !booked {
+		return s, nil
+	}
+	if err := a.pool.QueryRow(ctx, schemaVersionQuery(a.tn), a.tn.name).Scan(&s.Version); err != nil {
+		return SchemaState{}, fmt.Errorf("schema state of %q: read applied version: %w", a.tn, err)
+	}
+	return s, nil
+}
+
+// Row is every column of one outbox or inbox row, as Admin.Row returns it.
+type Row struct {
+	ID            int64
+	EventID       string // "" when the inbox row has no event id
+	ConsumerGroup string // inbox only
+	MessageID     string // inbox only: the id deduplication keys on
+	Topic         string
+	PartitionKey  string // "" for an unkeyed row
+	EventType     string // "" when not set
+	Payload       []byte
+	// Metadata is the metadata column as stored: a JSON object.
+	Metadata    json.RawMessage
+	Status      string // pending, completed or failed
+	Attempts    int
+	MaxAttempts int
+	LastError   string // "" when never tried
+	ScheduledAt time.Time
+	LockedBy    string     // "" when not leased
+	LockedUntil *time.Time // nil when not leased
+	CreatedAt   time.Time
+	CompletedAt *time.Time // nil unless completed
+}
+
+// Row returns the row id with every column, payload and full last error
+// included (in the Admin's consumer group, when it has one). It returns an
+// error wrapping ErrNotFound when there is no such row.
+func (a *Admin) Row(ctx context.Context, id int64) (Row, error) {
+	var r Row
+	err := a.pool.QueryRow(ctx, rowQuery(a.tn, a.inbox, a.group != nil), a.args(pgx.NamedArgs{"id": id})).Scan(
+		&r.ID, &r.EventID, &r.ConsumerGroup, &r.MessageID, &r.Topic, &r.PartitionKey, &r.EventType, &r.Payload,
+		&r.Metadata, &r.Status, &r.Attempts, &r.MaxAttempts, &r.LastError, &r.ScheduledAt, &r.LockedBy,
+		&r.LockedUntil, &r.CreatedAt, &r.CompletedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Row{}, fmt.Errorf("row %d of %q: %w", id, a.tn, ErrNotFound)
+	}
+	if err != nil {
+		return Row{}, fmt.Errorf("row %d of %q: %w", id, a.tn, err)
+	}
+	return r, nil
 }

@@ -159,3 +159,42 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)`)
 	return q
 }
+
+// schemaObjectsQuery tells whether a table, its lanes table and the
+// bookkeeping table of its schema exist (Admin.SchemaState). It takes their
+// quoted names as text: to_regclass answers NULL for a missing relation or
+// schema instead of failing.
+const schemaObjectsQuery = `
+SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`
+
+// schemaVersionQuery reads the highest migration recorded for table t in the
+// bookkeeping table of its schema (Admin.SchemaState); $1 is the bare name.
+func schemaVersionQuery(t tableName) string {
+	return `SELECT COALESCE(max(version), 0) FROM ` + migrationsBook(t) + ` WHERE table_name = $1`
+}
+
+// migrationsBook is the quoted bookkeeping table of t's schema, the one
+// Migrate records applied versions in.
+func migrationsBook(t tableName) string {
+	return tableName{schema: t.schema, name: "omnibus_schema_migrations"}.quoted()
+}
+
+// rowQuery selects every column of the row @id (Admin.Row); with byGroup the
+// row must also belong to @group. The columns the outbox does not have are
+// empty strings there.
+func rowQuery(t tableName, inbox, byGroup bool) string {
+	group, messageID, filter := "''::text", "''::text", ""
+	if inbox {
+		group, messageID = "t.consumer_group", "t.message_id"
+		if byGroup {
+			filter = " AND t.consumer_group = @group"
+		}
+	}
+	return `
+SELECT t.id, COALESCE(t.event_id::text, ''), ` + group + `, ` + messageID + `, t.topic,
+       COALESCE(t.partition_key, ''), COALESCE(t.event_type, ''), t.payload, t.metadata, t.status,
+       t.attempts, t.max_attempts, COALESCE(t.last_error, ''), t.scheduled_at, COALESCE(t.locked_by, ''),
+       t.locked_until, t.created_at, t.completed_at
+FROM ` + t.quoted() + ` t
+WHERE t.id = @id` + filter
+}

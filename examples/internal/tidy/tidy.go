@@ -1,0 +1,97 @@
+// Package tidy removes what an example created in PostgreSQL and on its
+// broker, so that running an example leaves them as it found them. Every example
+// calls it when it is done, unless it was run with -keep (to look at the
+// tables afterwards).
+package tidy
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/redis"
+)
+
+// Keep is the -keep flag every example takes: keep the tables, streams and
+// topics it created instead of removing them when done. Call flag.Parse
+// before reading it.
+var Keep = flag.Bool("keep", false, "keep the tables, streams and topics the example created (default: remove them when done)")
+
+// DropTables drops omnibus outbox and inbox tables (unqualified names in the
+// search path) together with their lanes tables, trigger functions and
+// migration records, and the example's own plain tables.
+func DropTables(ctx context.Context, pool *pgxpool.Pool, omnibusTables []string, plainTables ...string) error {
+	var drop, funcs, names []string
+	for _, t := range omnibusTables {
+		drop = append(drop, pgx.Identifier{t}.Sanitize(), pgx.Identifier{t + "_lanes"}.Sanitize())
+		funcs = append(funcs, pgx.Identifier{t + "_lane_fn"}.Sanitize()+"()", pgx.Identifier{t + "_notify_fn"}.Sanitize()+"()")
+		names = append(names, "'"+strings.ReplaceAll(t, "'", "''")+"'")
+	}
+	for _, t := range plainTables {
+		drop = append(drop, pgx.Identifier{t}.Sanitize())
+	}
+	sql := `DROP TABLE IF EXISTS ` + strings.Join(drop, ", ") + ` CASCADE;`
+	if len(omnibusTables) > 0 {
+		sql += `
+		DROP FUNCTION IF EXISTS ` + strings.Join(funcs, ", ") + `;
+		DO $$ BEGIN
+			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
+				DELETE FROM omnibus_schema_migrations WHERE table_name IN (` + strings.Join(names, ", ") + `);
+			END IF;
+		END $$`
+	}
+	if _, err := pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("drop the example's tables: %w", err)
+	}
+	return nil
+}
+
+// DropSchema drops schema with everything in it (tables, functions and the
+// schema's migration records).
+func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+		return fmt.Errorf("drop the example's schema %s: %w", schema, err)
+	}
+	return nil
+}
+
+// BrokerTopic removes what publishing to topic left on the broker cfg names:
+// the stream and its dead-letter stream on Redis, the topic's rows in the
+// postgres broker's queue table. It leaves Kafka topics alone: an
+// in-process cluster goes away with the program, and a topic on a real
+// cluster may be someone else's too.
+func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
+	cfg = cfg.WithDefaults()
+	switch cfg.Broker {
+	case bus.BrokerRedis:
+		r := cfg.Redis
+		opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
+		if r.TLS {
+			opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		client := goredis.NewClient(opts)
+		defer client.Close()
+		stream := r.StreamPrefix + topic
+		if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
+			return fmt.Errorf("delete the example's stream %s: %w", stream, err)
+		}
+	case bus.BrokerPostgres:
+		pool, err := pgxpool.New(ctx, cfg.Postgres.URL)
+		if err != nil {
+			return fmt.Errorf("connect to PostgreSQL: %s", bus.RedactDSN(err.Error()))
+		}
+		defer pool.Close()
+		table := pgx.Identifier(strings.Split(cfg.Postgres.QueueTable, ".")).Sanitize()
+		if _, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE topic = $1`, topic); err != nil {
+			return fmt.Errorf("delete the example's rows of topic %s from %s: %w", topic, cfg.Postgres.QueueTable, err)
+		}
+	}
+	return nil
+}
