@@ -292,8 +292,8 @@ func TestDispatcher_CountedFailureInTheTransactionWaitsForBackoff(t *testing.T) 
 	})
 	<-failed
 	waitFor(t, "the failure settled with a retry time", 10*time.Second, func() bool {
-		r, _ := rowOf(t, pool, in, "g", msg.UUID)
-		return r.attempts == 1
+		// attempts is 1 from the lease on; the settlement releases the row.
+		return countRows(t, pool, in, "message_id = $1 AND attempts = 1 AND locked_by IS NULL", msg.UUID) == 1
 	})
 	var retryIn time.Duration
 	require.NoError(t, pool.QueryRow(context.Background(),

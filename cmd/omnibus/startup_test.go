@@ -212,11 +212,11 @@ func TestRelay_WaitsForPostgreSQLAndTheBrokerDownAtStart(t *testing.T) {
 func TestServe_StopSignalEndsTheStartupWait(t *testing.T) {
 	t.Parallel()
 	dsn, _ := postgresBehind(t, testenv.FreePort(t))
-	path := writeConfig(t, fmt.Sprintf("postgres:\n  url: %q\nobservability:\n  metrics_addr: 127.0.0.1:0\n  log_level: warn\n", dsn))
+	path := writeConfig(t, fmt.Sprintf("broker: memory\npostgres:\n  url: %q\nobservability:\n  metrics_addr: 127.0.0.1:0\n  log_level: warn\n", dsn))
 	for _, cmd := range []string{"relay", "ingest"} {
 		t.Run(cmd, func(t *testing.T) {
 			t.Parallel()
-			args := []string{"--config", path, "--log-format", "json", cmd}
+			args := []string{"--config", path, "--log-format", "json", cmd, "--allow-memory-broker"}
 			if cmd == "ingest" {
 				args = append(args, "--topic", "orders")
 			}
