@@ -20,6 +20,10 @@ const (
 	// DefaultPublishPipelines is how many pipelines the Publisher keeps in
 	// flight at once.
 	DefaultPublishPipelines = 4
+	// DefaultMaxEntryBytes is the largest stream entry the Publisher sends:
+	// 512 MiB, the default proto-max-bulk-len of Redis (the largest value it
+	// accepts).
+	DefaultMaxEntryBytes = 512 << 20
 
 	// DefaultBatchSize is the COUNT of each XREADGROUP and XAUTOCLAIM.
 	DefaultBatchSize = 100
@@ -129,6 +133,13 @@ type PublisherConfig struct {
 	// Pipelines is how many pipelines may be in flight at once. Default
 	// DefaultPublishPipelines.
 	Pipelines int
+	// MaxEntryBytes bounds one stream entry (its field names and values
+	// together). Publish refuses a message whose entry is larger with a
+	// permanent error, before writing anything: Redis drops the connection
+	// on a value over its proto-max-bulk-len, which would fail the whole
+	// pipeline as if Redis were down, again on every retry. Set it to at
+	// most the server's proto-max-bulk-len. Default DefaultMaxEntryBytes.
+	MaxEntryBytes int
 }
 
 func (c *PublisherConfig) setDefaults() {
@@ -140,6 +151,9 @@ func (c *PublisherConfig) setDefaults() {
 	}
 	if c.Pipelines == 0 {
 		c.Pipelines = DefaultPublishPipelines
+	}
+	if c.MaxEntryBytes == 0 {
+		c.MaxEntryBytes = DefaultMaxEntryBytes
 	}
 }
 
@@ -156,6 +170,9 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.Pipelines < 0 {
 		return invalid("Pipelines", "negative (%d)", c.Pipelines)
+	}
+	if c.MaxEntryBytes < 0 {
+		return invalid("MaxEntryBytes", "negative (%d)", c.MaxEntryBytes)
 	}
 	return nil
 }

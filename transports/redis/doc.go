@@ -33,6 +33,23 @@
 // dead-letter stream with the reason and acknowledged; it never stops the
 // subscription.
 //
+// # Publish failures
+//
+// A Publish error says whether the message should spend an attempt
+// (bus.ClassOf). Redis unreachable or unable to take writes for now is
+// transient: connection and pool errors, timeouts, TLS failing to verify the
+// server, OOM (maxmemory reached), LOADING, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, BUSY, NOREPLICAS, max clients, MOVED/ASK left over
+// by the cluster client, and NOAUTH, WRONGPASS and NOPERM (a relay waits
+// for the ACL to be fixed rather than failing events). A reply that refuses
+// the write for a reason of its own (WRONGTYPE, a value over the server's
+// proto-max-bulk-len, any other) is counted, so a message that can never be
+// written runs out of attempts instead of holding its key forever. A
+// multi-message Publish is transient only when each failed entry failed
+// transiently. A message the Marshaler refuses, or whose entry is over
+// PublisherConfig.MaxEntryBytes, fails the call with a permanent error
+// before anything of it is written.
+//
 // # Delivery, retries and dead letters
 //
 // The Subscriber creates its consumer group at the start of the stream
