@@ -29,9 +29,13 @@
 //
 // A message becomes one stream entry with the fields "uuid", "payload" and
 // one "meta:<key>" field per metadata entry (DefaultMarshaler). The stream is
-// StreamPrefix + topic. An entry the Marshaler cannot decode is copied to the
-// dead-letter stream with the reason and acknowledged; it never stops the
-// subscription.
+// StreamPrefix + topic. Any bytes go through unchanged: the UUID, the
+// payload and metadata keys and values (empty, binary, not UTF-8, named like
+// the fields themselves). The Publisher refuses, with a permanent error and
+// before writing any message of the call, what the Subscriber could not
+// decode: a nil message or an empty UUID. An entry the Marshaler cannot
+// decode (written by something else) is copied to the dead-letter stream
+// with the reason and acknowledged; it never stops the subscription.
 //
 // # Publish failures
 //

@@ -86,6 +86,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	stream := p.cfg.StreamPrefix + topic
 	req := &publishRequest{stream: stream, entries: make([][]any, len(msgs)), done: make(chan error, 1)}
 	for i, msg := range msgs {
+		if msg == nil {
+			return bus.Permanent(fmt.Errorf("publish to stream %q: message %d of %d is nil", stream, i+1, len(msgs)))
+		}
 		fields, err := p.cfg.Marshaler.Marshal(topic, msg)
 		if err == nil {
 			err = p.checkSize(fields)

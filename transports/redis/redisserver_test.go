@@ -25,7 +25,7 @@ type privateRedis struct {
 
 // startPrivateRedis starts redis-server on a free loopback port with args
 // (given the port; they must include --port or --tls-port) plus --bind,
-// --save ” and --appendonly no, and waits until ping(addr) succeeds. A
+// --save "" and --appendonly no, and waits until ping(addr) succeeds. A
 // missing redis-server binary fails the test with instructions.
 func startPrivateRedis(t *testing.T, args func(port int) []string, ping func(ctx context.Context, addr string) error) *privateRedis {
 	t.Helper()
