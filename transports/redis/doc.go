@@ -37,6 +37,19 @@
 // decode (written by something else) is copied to the dead-letter stream
 // with the reason and acknowledged; it never stops the subscription.
 //
+// # TLS and ACL
+//
+// A Publisher or Subscriber opened from Addr authenticates as Username with
+// Password (a Redis ACL user) and speaks TLS when TLS, TLSCAFile or
+// TLSServerName is set: TLSCAFile verifies the server with the authorities
+// of a PEM file instead of the system roots, TLSServerName is the name
+// checked against the server's certificate instead of the host of Addr. A
+// CA file that cannot be read or holds no certificate is a *ConfigError; a
+// certificate that does not verify, or a refused password, fails each call
+// with a transient error that names the cause and never shows the password.
+// bus.Open maps redis.tls, redis.tls_ca_file and redis.tls_server_name the
+// same way.
+//
 // # Publish failures
 //
 // A Publish error says whether the message should spend an attempt

@@ -60,7 +60,10 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	client, owned := cfg.connection().open()
+	client, owned, err := cfg.connection().open()
+	if err != nil {
+		return nil, err
+	}
 	p := &Publisher{
 		cfg:    cfg,
 		client: client,

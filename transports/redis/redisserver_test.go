@@ -43,8 +43,8 @@ func startPrivateRedis(t *testing.T, args func(port int) []string, ping func(ctx
 		out := &syncBuffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start(), "start redis-server")
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		exited := make(chan struct{}) // closed when the process has exited
+		go func() { _ = cmd.Wait(); close(exited) }()
 		stop := func() {
 			_ = cmd.Process.Kill()
 			<-exited
@@ -70,7 +70,7 @@ func startPrivateRedis(t *testing.T, args func(port int) []string, ping func(ctx
 }
 
 // waitReady polls ping until it succeeds, the process exits or ctx ends.
-func waitReady(ctx context.Context, addr string, ping func(context.Context, string) error, exited <-chan error) error {
+func waitReady(ctx context.Context, addr string, ping func(context.Context, string) error, exited <-chan struct{}) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -81,8 +81,8 @@ func waitReady(ctx context.Context, addr string, ping func(context.Context, stri
 			return nil
 		}
 		select {
-		case werr := <-exited:
-			return errors.Join(errors.New("redis-server exited"), werr)
+		case <-exited:
+			return errors.Join(errors.New("redis-server exited"), err)
 		case <-ctx.Done():
 			return errors.Join(ctx.Err(), err)
 		case <-tick.C:
