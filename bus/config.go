@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -228,8 +229,15 @@ type RedisConfig struct {
 	Password string `yaml:"password" secret:"true"`
 	// DB selects the database. Default 0.
 	DB int `yaml:"db"`
-	// TLS turns TLS on.
+	// TLS turns TLS on; setting tls_ca_file or tls_server_name turns it on
+	// too.
 	TLS bool `yaml:"tls"`
+	// TLSCAFile is a PEM file of the certificate authorities that verify the
+	// server; empty means the system roots.
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// TLSServerName is checked against the server's certificate instead of
+	// the host of addr.
+	TLSServerName string `yaml:"tls_server_name"`
 	// StreamPrefix is prepended to a topic to name its stream. Default none.
 	StreamPrefix string `yaml:"stream_prefix"`
 	// MaxLen trims streams to about this many entries (MAXLEN ~); 0 (the
@@ -699,6 +707,18 @@ func (c Config) Validate() error {
 	notNegative("redis.db", int64(c.Redis.DB))
 	notNegative("redis.max_len", c.Redis.MaxLen)
 	oneOf("redis.ordering", c.Redis.Ordering, "key", "none")
+	if f := c.Redis.TLSCAFile; f != "" {
+		if pem, err := os.ReadFile(f); err != nil {
+			bad("redis.tls_ca_file", "%v", err)
+		} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			bad("redis.tls_ca_file", "%q holds no PEM certificate", f)
+		}
+	}
+	if n := c.Redis.TLSServerName; n != "" {
+		if _, _, err := net.SplitHostPort(n); err == nil || strings.ContainsAny(n, " \t/") {
+			bad("redis.tls_server_name", "%q is not a host name (no port, scheme or spaces)", n)
+		}
+	}
 
 	// outbox and inbox
 	table("outbox.table", c.Outbox.Table)

@@ -3,6 +3,7 @@ package redis
 import (
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -20,6 +21,10 @@ const (
 	// DefaultPublishPipelines is how many pipelines the Publisher keeps in
 	// flight at once.
 	DefaultPublishPipelines = 4
+	// DefaultMaxEntryBytes is the largest stream entry the Publisher sends:
+	// 512 MiB, the default proto-max-bulk-len of Redis (the largest value it
+	// accepts).
+	DefaultMaxEntryBytes = 512 << 20
 
 	// DefaultBatchSize is the COUNT of each XREADGROUP and XAUTOCLAIM.
 	DefaultBatchSize = 100
@@ -61,37 +66,84 @@ func invalid(field, format string, args ...any) error {
 
 // connection holds what both configs say about reaching Redis.
 type connection struct {
-	client   redis.UniversalClient
-	addr     string
-	username string
-	password string
-	db       int
-	tls      *tls.Config
+	client        redis.UniversalClient
+	addr          string
+	username      string
+	password      string
+	db            int
+	tls           *tls.Config
+	tlsCAFile     string
+	tlsServerName string
 }
 
 func (c connection) validate() error {
-	if c.client == nil && c.addr == "" {
+	if c.client != nil {
+		return nil
+	}
+	if c.addr == "" {
 		return invalid("Addr", "empty and no Client given")
 	}
-	if c.client == nil && c.db < 0 {
+	if c.db < 0 {
 		return invalid("DB", "negative (%d)", c.db)
 	}
-	return nil
+	_, err := c.tlsConfig()
+	return err
+}
+
+// tlsConfig returns the TLS settings of the connection opened from Addr:
+// nil when TLS is off. TLSCAFile and TLSServerName turn it on, and apply
+// over TLS when both are given.
+func (c connection) tlsConfig() (*tls.Config, error) {
+	return tlsConfigFrom(c.tls, c.tlsCAFile, c.tlsServerName)
+}
+
+// tlsConfigFrom returns base (nil for none) with the certificate
+// authorities of the PEM file caFile as its roots and serverName as the
+// name checked against the server's certificate, each when not empty; nil
+// when all three are empty (TLS off). A file that cannot be read or holds
+// no certificate is a *ConfigError on TLSCAFile.
+func tlsConfigFrom(base *tls.Config, caFile, serverName string) (*tls.Config, error) {
+	if base == nil && caFile == "" && serverName == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if base != nil {
+		cfg = base.Clone()
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, invalid("TLSCAFile", "%v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, invalid("TLSCAFile", "%q holds no PEM certificate", caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if serverName != "" {
+		cfg.ServerName = serverName
+	}
+	return cfg, nil
 }
 
 // open returns the client to use and whether the caller of open owns it
 // (and must close it).
-func (c connection) open() (redis.UniversalClient, bool) {
+func (c connection) open() (redis.UniversalClient, bool, error) {
 	if c.client != nil {
-		return c.client, false
+		return c.client, false, nil
+	}
+	tlsCfg, err := c.tlsConfig()
+	if err != nil {
+		return nil, false, err
 	}
 	return redis.NewClient(&redis.Options{
 		Addr:      c.addr,
 		Username:  c.username,
 		Password:  c.password,
 		DB:        c.db,
-		TLSConfig: c.tls,
-	}), true
+		TLSConfig: tlsCfg,
+	}), true, nil
 }
 
 // PublisherConfig configures a Publisher.
@@ -110,6 +162,12 @@ type PublisherConfig struct {
 	DB int
 	// TLS, when set, makes the connection opened from Addr use TLS.
 	TLS *tls.Config
+	// TLSCAFile is a PEM file of the certificate authorities that verify
+	// the server (instead of the system roots); setting it turns TLS on.
+	TLSCAFile string
+	// TLSServerName is the name checked against the server's certificate
+	// instead of the host of Addr; setting it turns TLS on.
+	TLSServerName string
 
 	// StreamPrefix is prepended to a topic to name its stream.
 	StreamPrefix string
@@ -129,6 +187,13 @@ type PublisherConfig struct {
 	// Pipelines is how many pipelines may be in flight at once. Default
 	// DefaultPublishPipelines.
 	Pipelines int
+	// MaxEntryBytes bounds one stream entry (its field names and values
+	// together). Publish refuses a message whose entry is larger with a
+	// permanent error, before writing anything: Redis drops the connection
+	// on a value over its proto-max-bulk-len, which would fail the whole
+	// pipeline as if Redis were down, again on every retry. Set it to at
+	// most the server's proto-max-bulk-len. Default DefaultMaxEntryBytes.
+	MaxEntryBytes int
 }
 
 func (c *PublisherConfig) setDefaults() {
@@ -140,6 +205,9 @@ func (c *PublisherConfig) setDefaults() {
 	}
 	if c.Pipelines == 0 {
 		c.Pipelines = DefaultPublishPipelines
+	}
+	if c.MaxEntryBytes == 0 {
+		c.MaxEntryBytes = DefaultMaxEntryBytes
 	}
 }
 
@@ -157,11 +225,17 @@ func (c PublisherConfig) Validate() error {
 	if c.Pipelines < 0 {
 		return invalid("Pipelines", "negative (%d)", c.Pipelines)
 	}
+	if c.MaxEntryBytes < 0 {
+		return invalid("MaxEntryBytes", "negative (%d)", c.MaxEntryBytes)
+	}
 	return nil
 }
 
 func (c PublisherConfig) connection() connection {
-	return connection{client: c.Client, addr: c.Addr, username: c.Username, password: c.Password, db: c.DB, tls: c.TLS}
+	return connection{
+		client: c.Client, addr: c.Addr, username: c.Username, password: c.Password, db: c.DB,
+		tls: c.TLS, tlsCAFile: c.TLSCAFile, tlsServerName: c.TLSServerName,
+	}
 }
 
 // SubscriberConfig configures a Subscriber.
@@ -180,6 +254,12 @@ type SubscriberConfig struct {
 	DB int
 	// TLS, when set, makes the connection opened from Addr use TLS.
 	TLS *tls.Config
+	// TLSCAFile is a PEM file of the certificate authorities that verify
+	// the server (instead of the system roots); setting it turns TLS on.
+	TLSCAFile string
+	// TLSServerName is the name checked against the server's certificate
+	// instead of the host of Addr; setting it turns TLS on.
+	TLSServerName string
 
 	// StreamPrefix is prepended to a topic to name its stream.
 	StreamPrefix string
@@ -295,7 +375,10 @@ func (c SubscriberConfig) Validate() error {
 }
 
 func (c SubscriberConfig) connection() connection {
-	return connection{client: c.Client, addr: c.Addr, username: c.Username, password: c.Password, db: c.DB, tls: c.TLS}
+	return connection{
+		client: c.Client, addr: c.Addr, username: c.Username, password: c.Password, db: c.DB,
+		tls: c.TLS, tlsCAFile: c.TLSCAFile, tlsServerName: c.TLSServerName,
+	}
 }
 
 func (c SubscriberConfig) deadLetterStream(stream string) string {

@@ -42,6 +42,7 @@ func TestConfig_InvalidInputNamesTheField(t *testing.T) {
 		{"publisher without address or client", pub(omniredis.PublisherConfig{}), "Addr"},
 		{"publisher with negative MaxLen", pub(omniredis.PublisherConfig{Client: client, MaxLen: -1}), "MaxLen"},
 		{"publisher with negative batch size", pub(omniredis.PublisherConfig{Client: client, BatchSize: -1}), "BatchSize"},
+		{"publisher with negative entry size limit", pub(omniredis.PublisherConfig{Client: client, MaxEntryBytes: -1}), "MaxEntryBytes"},
 		{"subscriber without address or client", sub(func(c *omniredis.SubscriberConfig) { c.Client = nil }), "Addr"},
 		{"subscriber without consumer group", sub(func(c *omniredis.SubscriberConfig) { c.ConsumerGroup = "" }), "ConsumerGroup"},
 		{"negative batch size", sub(func(c *omniredis.SubscriberConfig) { c.BatchSize = -5 }), "BatchSize"},

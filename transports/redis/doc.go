@@ -29,9 +29,43 @@
 //
 // A message becomes one stream entry with the fields "uuid", "payload" and
 // one "meta:<key>" field per metadata entry (DefaultMarshaler). The stream is
-// StreamPrefix + topic. An entry the Marshaler cannot decode is copied to the
-// dead-letter stream with the reason and acknowledged; it never stops the
-// subscription.
+// StreamPrefix + topic. Any bytes go through unchanged: the UUID, the
+// payload and metadata keys and values (empty, binary, not UTF-8, named like
+// the fields themselves). The Publisher refuses, with a permanent error and
+// before writing any message of the call, what the Subscriber could not
+// decode: a nil message or an empty UUID. An entry the Marshaler cannot
+// decode (written by something else) is copied to the dead-letter stream
+// with the reason and acknowledged; it never stops the subscription.
+//
+// # TLS and ACL
+//
+// A Publisher or Subscriber opened from Addr authenticates as Username with
+// Password (a Redis ACL user) and speaks TLS when TLS, TLSCAFile or
+// TLSServerName is set: TLSCAFile verifies the server with the authorities
+// of a PEM file instead of the system roots, TLSServerName is the name
+// checked against the server's certificate instead of the host of Addr. A
+// CA file that cannot be read or holds no certificate is a *ConfigError; a
+// certificate that does not verify, or a refused password, fails each call
+// with a transient error that names the cause and never shows the password.
+// bus.Open maps redis.tls, redis.tls_ca_file and redis.tls_server_name the
+// same way.
+//
+// # Publish failures
+//
+// A Publish error says whether the message should spend an attempt
+// (bus.ClassOf). Redis unreachable or unable to take writes for now is
+// transient: connection and pool errors, timeouts, TLS failing to verify the
+// server, OOM (maxmemory reached), LOADING, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, BUSY, NOREPLICAS, max clients, MOVED/ASK left over
+// by the cluster client, and NOAUTH, WRONGPASS and NOPERM (a relay waits
+// for the ACL to be fixed rather than failing events). A reply that refuses
+// the write for a reason of its own (WRONGTYPE, a value over the server's
+// proto-max-bulk-len, any other) is counted, so a message that can never be
+// written runs out of attempts instead of holding its key forever. A
+// multi-message Publish is transient only when each failed entry failed
+// transiently. A message the Marshaler refuses, or whose entry is over
+// PublisherConfig.MaxEntryBytes, fails the call with a permanent error
+// before anything of it is written.
 //
 // # Delivery, retries and dead letters
 //

@@ -74,10 +74,16 @@ type Marshaler interface {
 // well in redis-cli. Fields it does not know are ignored when reading.
 type DefaultMarshaler struct{}
 
-// Marshal implements Marshaler.
+// Marshal implements Marshaler. It refuses what Unmarshal could not decode:
+// a nil message or an empty UUID. Any bytes are accepted in the UUID, the
+// payload and metadata keys and values (Redis is binary-safe), and they
+// come back unchanged.
 func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
+	if msg == nil {
+		return nil, errors.New("nil message")
+	}
 	if msg.UUID == "" {
-		return nil, errors.New("message has no UUID")
+		return nil, fmt.Errorf("field %q: the message has an empty UUID; the subscriber cannot decode an entry without one", FieldUUID)
 	}
 	fields := make([]any, 0, 4+2*len(msg.Metadata))
 	fields = append(fields, FieldUUID, msg.UUID, FieldPayload, []byte(msg.Payload))

@@ -22,9 +22,14 @@ import (
 // number of round trips grows with the number of pipelines in flight, not
 // with the number of callers.
 //
-// Errors that mean Redis could not be reached or could not serve the write
-// for now are marked bus.Transient. A failed Publish may still have stored
-// some of its entries; publishing is at-least-once.
+// Errors that mean Redis could not be reached or could not take the write
+// for now (down, out of memory, loading, failing over; see the package
+// documentation) are marked bus.Transient, so a relay spends no attempt on
+// them; a reply refusing the write itself is counted. A message that cannot
+// be encoded, or whose entry is over MaxEntryBytes, is refused with a
+// bus.Permanent error before anything of the call is written. A failed
+// Publish may otherwise have stored some of its entries; publishing is
+// at-least-once.
 type Publisher struct {
 	cfg    PublisherConfig
 	client redis.UniversalClient
@@ -55,7 +60,10 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	client, owned := cfg.connection().open()
+	client, owned, err := cfg.connection().open()
+	if err != nil {
+		return nil, err
+	}
 	p := &Publisher{
 		cfg:    cfg,
 		client: client,
@@ -81,9 +89,15 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	stream := p.cfg.StreamPrefix + topic
 	req := &publishRequest{stream: stream, entries: make([][]any, len(msgs)), done: make(chan error, 1)}
 	for i, msg := range msgs {
+		if msg == nil {
+			return bus.Permanent(fmt.Errorf("publish to stream %q: message %d of %d is nil", stream, i+1, len(msgs)))
+		}
 		fields, err := p.cfg.Marshaler.Marshal(topic, msg)
+		if err == nil {
+			err = p.checkSize(fields)
+		}
 		if err != nil {
-			return bus.Permanent(fmt.Errorf("marshal message %s for stream %q: %w", msg.UUID, stream, err))
+			return bus.Permanent(fmt.Errorf("encode message %s for stream %q: %w", msg.UUID, stream, err))
 		}
 		req.entries[i] = fields
 	}
@@ -91,7 +105,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
-		return ErrClosed
+		return classify(fmt.Errorf("publish to stream %q: %w", stream, ErrClosed))
 	}
 	p.calls.Add(1)
 	p.mu.RUnlock()
@@ -113,6 +127,35 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	case <-ctx.Done():
 		return classify(fmt.Errorf("publish to stream %q: %w", stream, ctx.Err()))
+	}
+}
+
+// checkSize refuses an entry larger than MaxEntryBytes, naming its largest
+// field.
+func (p *Publisher) checkSize(fields []any) error {
+	total, largest, largestName := 0, 0, ""
+	for i, f := range fields {
+		n := valueLen(f)
+		total += n
+		if i%2 == 1 && n > largest {
+			largest, largestName = n, fmt.Sprint(fields[i-1])
+		}
+	}
+	if total > p.cfg.MaxEntryBytes {
+		return fmt.Errorf("stream entry of %d bytes is over MaxEntryBytes (%d); its largest field is %q (%d bytes)",
+			total, p.cfg.MaxEntryBytes, largestName, largest)
+	}
+	return nil
+}
+
+func valueLen(v any) int {
+	switch v := v.(type) {
+	case string:
+		return len(v)
+	case []byte:
+		return len(v)
+	default:
+		return len(fmt.Sprint(v))
 	}
 }
 
@@ -185,7 +228,11 @@ func (p *Publisher) wrap(req *publishRequest, err error) error {
 	if err == nil {
 		return nil
 	}
-	return classify(fmt.Errorf("publish %d message(s) to stream %q: %w", len(req.entries), req.stream, err))
+	wrapped := fmt.Errorf("publish %d message(s) to stream %q: %w", len(req.entries), req.stream, err)
+	if allTransient(err) {
+		return bus.Transient(wrapped)
+	}
+	return wrapped
 }
 
 // Close waits for the Publish calls in progress, then stops. It closes the

@@ -218,3 +218,56 @@ func closedAddr(t *testing.T) string {
 	require.NoError(t, l.Close())
 	return addr
 }
+
+func TestPublisher_OutOfMemoryIsTransientAndNothingIsWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, client := startPlainRedis(t, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	for _, n := range []int{1, 3} { // one XADD, and a pipeline
+		var msgs []*message.Message
+		for range n {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte("x")))
+		}
+		err := pub.Publish("orders", msgs...)
+		require.Error(t, err, "Publish of %d message(s) to a Redis out of memory", n)
+		assert.True(t, goredis.IsOOMError(err), "Publish of %d message(s) failed with %v, not OOM", n, err)
+		assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "OOM must be transient: %v", err)
+	}
+	n, err := client.XLen(ctx, "orders").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "entries were written while Redis refused writes")
+
+	require.NoError(t, client.ConfigSet(ctx, "maxmemory", "0").Err(), "lift maxmemory on the private server")
+	require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x"))))
+}
+
+// TestPublisher_EntryOverMaxEntryBytesIsPermanentAndNothingIsWritten: a
+// value larger than the server takes (proto-max-bulk-len) makes Redis drop
+// the connection in the middle of a pipeline, which looks like an outage
+// and would be retried for ever, breaking the pipelines of other callers
+// each time. The Publisher refuses such an entry before writing anything.
+func TestPublisher_EntryOverMaxEntryBytesIsPermanentAndNothingIsWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, client := startPlainRedis(t, "--proto-max-bulk-len", "1mb")
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, MaxEntryBytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	small := func() *message.Message { return message.NewMessage(watermill.NewUUID(), []byte("x")) }
+	big := message.NewMessage(watermill.NewUUID(), make([]byte, 2<<20))
+	err = pub.Publish("orders", small(), big, small())
+	require.Error(t, err)
+	assert.Equal(t, bus.ClassPermanent, bus.ClassOf(err), "an entry the server cannot take must be permanent: %v", err)
+	assert.ErrorContains(t, err, `"payload"`, "the error must name the field that is too large")
+	assert.ErrorContains(t, err, big.UUID, "the error must name the message")
+	n, err := client.XLen(ctx, "orders").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "entries of a refused Publish were written")
+
+	require.NoError(t, pub.Publish("orders", small(), small()), "the Publisher must still work")
+}

@@ -12,9 +12,17 @@ import (
 
 // TestPubSub runs Watermill's universal suite. Flags: consumer groups yes,
 // persistent yes; no guaranteed order (several messages are in flight and a
-// group spreads entries over its consumers), no exactly-once. Subscribers
-// made by the plain constructor share one group, so a new one continues
-// where the last left off rather than receiving old messages again.
+// group spreads entries over its consumers), no exactly-once, no context
+// carried, no restart command (the shared server is not ours to restart).
+// Subscribers made by the plain constructor share one group, so a new one
+// continues where the last left off rather than receiving old messages
+// again.
+//
+// The suite cannot check OrderByKey: its order tests need total order
+// (GuaranteedOrder), publish without partition keys and read with ten
+// subscribers. Per-key order is checked by
+// TestSubscriber_OrderByKeyKeepsEachKeysOrderWithManyInFlight and
+// TestSubscriber_OrderByKeyHandsOutOneAtATimeInStreamOrder.
 func TestPubSub(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -23,6 +24,8 @@ func init() {
 
 // redisBroker is the redis broker of bus.Open: one client shared by the
 // Publisher and every Subscriber (opened, pinged and closed by the broker).
+// TLS is on when redis.tls, redis.tls_ca_file or redis.tls_server_name is
+// set.
 // With redis.ordering "key" (the default) subscribers hand out the entries of
 // one partition key one at a time, in stream order.
 type redisBroker struct {
@@ -35,9 +38,17 @@ type redisBroker struct {
 func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.Broker, error) {
 	r := cfg.Redis
 	opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
+	var base *tls.Config
 	if r.TLS {
-		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		base = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
+	tlsCfg, err := tlsConfigFrom(base, r.TLSCAFile, r.TLSServerName)
+	if ce := (*ConfigError)(nil); errors.As(err, &ce) {
+		return nil, &bus.ConfigError{Field: "redis.tls_ca_file", Reason: ce.Reason}
+	} else if err != nil {
+		return nil, err
+	}
+	opts.TLSConfig = tlsCfg
 	client := goredis.NewClient(opts)
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()

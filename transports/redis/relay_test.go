@@ -33,6 +33,65 @@ import (
 func TestOutboxRelay_RedisOutageSpendsNoAttemptsAndKeepsKeyOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	// Redis is "down": nothing listens on the proxy's address yet.
+	proxy := newProxy(t, testenv.RedisAddr())
+	// Fail fast while the proxy refuses: no command retries, one dial try.
+	client := goredis.NewClient(&goredis.Options{Addr: proxy.addr, DialTimeout: time.Second, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = client.Close() })
+
+	r := startRelay(t, client, e.prefix)
+	r.waitForFailedPublishes(t, 5, "Redis was unreachable")
+
+	proxy.start() // Redis is back
+
+	r.checkDelivered(t, e.client)
+
+	// And a consumer group reading the stream one key at a time sees the
+	// same order.
+	cfg := e.fastSubscriberConfig("billing")
+	cfg.OrderByKey = true
+	msgs := e.subscribe(e.subscriber(cfg), r.topic)
+	consumed := map[string][]string{}
+	for range len(r.all) {
+		msg := receive(t, msgs, 10*time.Second)
+		consumed[bus.PartitionKey(msg)] = append(consumed[bus.PartitionKey(msg)], string(msg.Payload))
+		msg.Ack()
+	}
+	assert.Equal(t, r.want, consumed, "consumed order per key differs from the outbox order")
+}
+
+// TestOutboxRelay_RedisOutOfMemorySpendsNoAttemptsAndDeliversInOrder relays
+// an outbox to a private Redis whose maxmemory (1 byte) refuses every
+// write with OOM: the relay must spend no attempts while it lasts, and once
+// maxmemory is lifted everything arrives, once and in order per key.
+func TestOutboxRelay_RedisOutOfMemorySpendsNoAttemptsAndDeliversInOrder(t *testing.T) {
+	t.Parallel()
+	_, client := startPlainRedis(t, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+
+	r := startRelay(t, client, "")
+	r.waitForFailedPublishes(t, 5, "Redis was out of memory")
+	require.True(t, goredis.IsOOMError(r.lastErr()), "the publishes failed with %v, not OOM", r.lastErr())
+
+	require.NoError(t, client.ConfigSet(ctx, "maxmemory", "0").Err(), "lift maxmemory on the private server")
+
+	r.checkDelivered(t, client)
+}
+
+// relayRun is an OutboxRelay over an outbox table of its own, publishing to
+// Redis through a countingPublisher.
+type relayRun struct {
+	table, topic, prefix string
+	want                 map[string][]string // payloads per key, in outbox order
+	all                  []string
+	pub                  *countingPublisher
+}
+
+// startRelay fills an outbox with 4 keys of 10 events each and starts an
+// OutboxRelay publishing them to client under prefix. The relay retries
+// transient failures every 20 ms and stops when the test ends.
+func startRelay(t *testing.T, client goredis.UniversalClient, prefix string) *relayRun {
+	t.Helper()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	table := testenv.Name(t)
@@ -43,29 +102,25 @@ func TestOutboxRelay_RedisOutageSpendsNoAttemptsAndKeepsKeyOrder(t *testing.T) {
 	outbox, err := postgres.NewOutbox(postgres.OutboxConfig{Table: table})
 	require.NoError(t, err)
 
-	const topic, keys, perKey = "orders", 4, 10
-	want := map[string][]string{}
+	r := &relayRun{table: table, topic: "orders", prefix: prefix, want: map[string][]string{}}
+	const keys, perKey = 4, 10
 	for i := range keys * perKey {
 		key := "order-" + strconv.Itoa(i%keys)
-		payload := key + "/" + strconv.Itoa(len(want[key]))
+		payload := key + "/" + strconv.Itoa(len(r.want[key]))
 		msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
 		bus.SetPartitionKey(msg, key)
-		require.NoError(t, outbox.Enqueue(ctx, pool, topic, msg))
-		want[key] = append(want[key], payload)
+		require.NoError(t, outbox.Enqueue(ctx, pool, r.topic, msg))
+		r.want[key] = append(r.want[key], payload)
+		r.all = append(r.all, payload)
 	}
 
-	// Redis is "down": nothing listens on the proxy's address yet.
-	proxy := newProxy(t, testenv.RedisAddr())
-	// Fail fast while the proxy refuses: no command retries, one dial try.
-	client := goredis.NewClient(&goredis.Options{Addr: proxy.addr, DialTimeout: time.Second, MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { _ = client.Close() })
-	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, StreamPrefix: e.prefix}, nil)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, StreamPrefix: prefix}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	counted := &countingPublisher{Publisher: pub}
+	r.pub = &countingPublisher{Publisher: pub}
 
 	relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
-		Publisher:  counted,
+		Publisher:  r.pub,
 		Subscriber: postgres.SubscriberConfig{Table: table, PollInterval: 20 * time.Millisecond},
 		Retry:      middleware.RetryConfig{Base: middleware.NoDelay, TransientDelay: 20 * time.Millisecond},
 		Breaker:    middleware.CircuitBreakerConfig{FailureThreshold: 1, OpenTimeout: 50 * time.Millisecond},
@@ -78,50 +133,49 @@ func TestOutboxRelay_RedisOutageSpendsNoAttemptsAndKeepsKeyOrder(t *testing.T) {
 		stopRelay()
 		assert.NoError(t, <-relayDone)
 	})
+	return r
+}
 
-	eventually(t, 20*time.Second, func() bool { return counted.failures.Load() >= 5 },
-		"the relay made %d failed publishes while Redis was unreachable, want at least 5", counted.failures.Load())
-	assert.Zero(t, counted.successes.Load(), "a publish succeeded while Redis was unreachable")
-	var lastErr error
-	counted.mu.Lock()
-	lastErr = counted.lastErr
-	counted.mu.Unlock()
-	assert.Equal(t, bus.ClassTransient, bus.ClassOf(lastErr), "refused connection must be transient: %v", lastErr)
-	assert.Zero(t, attemptsSpent(t, table), "attempts were spent while Redis was unreachable")
+func (r *relayRun) lastErr() error {
+	r.pub.mu.Lock()
+	defer r.pub.mu.Unlock()
+	return r.pub.lastErr
+}
 
-	proxy.start() // Redis is back
+// waitForFailedPublishes waits for n failed publishes and checks that
+// none succeeded, that they were transient and that no attempt was spent.
+func (r *relayRun) waitForFailedPublishes(t *testing.T, n int64, why string) {
+	t.Helper()
+	eventually(t, 20*time.Second, func() bool { return r.pub.failures.Load() >= n },
+		"the relay made %d failed publishes while %s, want at least %d", r.pub.failures.Load(), why, n)
+	assert.Zero(t, r.pub.successes.Load(), "a publish succeeded while %s", why)
+	assert.Equal(t, bus.ClassTransient, bus.ClassOf(r.lastErr()), "a publish failing while %s must be transient: %v", why, r.lastErr())
+	assert.Zero(t, attemptsSpent(t, r.table), "attempts were spent while %s", why)
+}
 
-	stream := e.prefix + topic
+// checkDelivered waits until every outbox event is in the stream, then
+// checks there is each once, in outbox order per key, and that the outbox
+// is done without having spent an attempt.
+func (r *relayRun) checkDelivered(t *testing.T, client goredis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	stream := r.prefix + r.topic
 	eventually(t, 30*time.Second, func() bool {
-		n, err := e.client.XLen(ctx, stream).Result()
-		return err == nil && n >= keys*perKey
+		n, err := client.XLen(ctx, stream).Result()
+		return err == nil && n >= int64(len(r.all))
 	}, "not every outbox event reached the stream")
-	entries, err := e.client.XRange(ctx, stream, "-", "+").Result()
+	entries, err := client.XRange(ctx, stream, "-", "+").Result()
 	require.NoError(t, err)
-	require.Len(t, entries, keys*perKey, "events duplicated in the stream")
+	require.Len(t, entries, len(r.all), "events duplicated in the stream")
 	got := map[string][]string{}
 	for _, entry := range entries {
 		msg, err := omniredis.DefaultMarshaler{}.Unmarshal(entry.Values)
 		require.NoError(t, err)
 		got[bus.PartitionKey(msg)] = append(got[bus.PartitionKey(msg)], string(msg.Payload))
 	}
-	assert.Equal(t, want, got, "stream order per key differs from the outbox order")
-
-	// And a consumer group reading the stream one key at a time sees the
-	// same order.
-	cfg := e.fastSubscriberConfig("billing")
-	cfg.OrderByKey = true
-	msgs := e.subscribe(e.subscriber(cfg), topic)
-	consumed := map[string][]string{}
-	for range keys * perKey {
-		msg := receive(t, msgs, 10*time.Second)
-		consumed[bus.PartitionKey(msg)] = append(consumed[bus.PartitionKey(msg)], string(msg.Payload))
-		msg.Ack()
-	}
-	assert.Equal(t, want, consumed, "consumed order per key differs from the outbox order")
-
-	eventually(t, 10*time.Second, func() bool { return pendingRows(t, table) == 0 }, "outbox rows still pending")
-	assert.Zero(t, attemptsSpent(t, table), "the outage spent attempts")
+	assert.Equal(t, r.want, got, "stream order per key differs from the outbox order")
+	eventually(t, 10*time.Second, func() bool { return pendingRows(t, r.table) == 0 }, "outbox rows still pending")
+	assert.Zero(t, attemptsSpent(t, r.table), "the outage spent attempts")
 }
 
 func attemptsSpent(t *testing.T, table string) int {

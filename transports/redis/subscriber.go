@@ -85,7 +85,10 @@ func NewSubscriber(cfg SubscriberConfig, logger *slog.Logger) (*Subscriber, erro
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	client, owned := cfg.connection().open()
+	client, owned, err := cfg.connection().open()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Subscriber{
 		cfg:    cfg,

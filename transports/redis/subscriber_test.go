@@ -391,3 +391,117 @@ func pendingDeliveries(t *testing.T, e *env, stream, group, id string) int64 {
 	require.Len(t, p, 1, "entry %s not pending", id)
 	return p[0].RetryCount
 }
+
+// TestSubscriber_OrderByKeyKeepsEachKeysOrderWithManyInFlight: the
+// universal suite cannot check per-key order (its order test has no
+// partition keys and spreads the stream over ten subscribers), so this
+// test does. Publishers of eight keys publish concurrently into one stream
+// while the subscription reads it; the first message of every key is held
+// until all eight are out at once (several in flight, across keys), later
+// ones are handled with random delays and some are nacked once. Each key
+// must be handled one message at a time, in the order it was published.
+func TestSubscriber_OrderByKeyKeepsEachKeysOrderWithManyInFlight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group = "orders", "billing"
+	const keys, perKey = 8, 40
+	cfg := e.fastSubscriberConfig(group)
+	cfg.OrderByKey = true
+	cfg.BatchSize = 7 // many small reads, interleaved with the publishers
+	cfg.NackDelay = 5 * time.Millisecond
+	sub := e.subscriber(cfg)
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	msgs := e.subscribe(sub, topic)
+	pub := e.publisher()
+
+	keyOf := func(k int) string { return "key-" + strconv.Itoa(k) }
+	newMsg := func(k, i int) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte(keyOf(k)+"/"+strconv.Itoa(i)))
+		bus.SetPartitionKey(m, keyOf(k))
+		return m
+	}
+	var pmu sync.Mutex
+	published := map[string][]string{}
+	// The first message of every key goes out in one call, so that each
+	// key has a message to hold before the stream fills up.
+	var firsts []*message.Message
+	for k := range keys {
+		m := newMsg(k, 0)
+		firsts = append(firsts, m)
+		published[keyOf(k)] = append(published[keyOf(k)], string(m.Payload))
+	}
+	require.NoError(t, pub.Publish(topic, firsts...))
+	var pubs sync.WaitGroup
+	for k := range keys {
+		pubs.Go(func() {
+			for i := 1; i < perKey; i++ {
+				m := newMsg(k, i)
+				// One goroutine per key: a key's stream order is the order
+				// of its Publish calls.
+				if !assert.NoError(t, pub.Publish(topic, m)) {
+					return
+				}
+				pmu.Lock()
+				published[keyOf(k)] = append(published[keyOf(k)], string(m.Payload))
+				pmu.Unlock()
+			}
+		})
+	}
+
+	var (
+		mu      sync.Mutex
+		busy    = map[string]bool{}
+		handled = map[string][]string{}
+		nacked  = map[string]bool{}
+		heldOut int // first messages out at once
+		allOut  = make(chan struct{})
+	)
+	var handlers sync.WaitGroup
+	for done := 0; done < keys*perKey; {
+		msg := receive(t, msgs, 20*time.Second)
+		key, payload := bus.PartitionKey(msg), string(msg.Payload)
+		mu.Lock()
+		require.False(t, busy[key], "two messages of %s out at once (the second is %s)", key, payload)
+		busy[key] = true
+		first := len(handled[key]) == 0
+		nack := !first && !nacked[payload] && rand.IntN(5) == 0
+		if nack {
+			nacked[payload] = true
+		} else {
+			handled[key] = append(handled[key], payload)
+			done++
+		}
+		if first {
+			if heldOut++; heldOut == keys {
+				close(allOut)
+			}
+		}
+		mu.Unlock()
+		handlers.Go(func() {
+			if first {
+				select {
+				case <-allOut:
+				case <-time.After(20 * time.Second):
+					mu.Lock()
+					t.Errorf("the first messages of all %d keys were never out at once (at most %d were)", keys, heldOut)
+					mu.Unlock()
+				}
+			} else {
+				time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond) // handler work
+			}
+			mu.Lock()
+			busy[key] = false
+			mu.Unlock()
+			if nack {
+				msg.Nack()
+			} else {
+				msg.Ack()
+			}
+		})
+	}
+	handlers.Wait()
+	pubs.Wait()
+	for k := range keys {
+		assert.Equal(t, published[keyOf(k)], handled[keyOf(k)], "%s handled out of publish order", keyOf(k))
+	}
+}
