@@ -32,7 +32,9 @@ func classify(err error) error {
 //
 //   - Redis unreachable or the connection lost: network errors (refused,
 //     reset, timeouts), EOF, an exhausted or timed-out pool, a closed
-//     client, a context deadline or cancellation, this transport closed;
+//     client, a context deadline or cancellation of a call that did not
+//     get to Redis (Publish's own wait classifies its message's deadline as
+//     counted, see contextEnded), this transport closed;
 //     TLS failing to verify the server (an operator fixes certificates, the
 //     message is not at fault).
 //   - Redis there but not taking writes for now: OOM (maxmemory), LOADING,

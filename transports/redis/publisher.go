@@ -120,14 +120,27 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	select {
 	case p.queue <- req:
 	case <-ctx.Done():
-		return classify(fmt.Errorf("publish to stream %q: %w", stream, ctx.Err()))
+		return contextEnded(stream, ctx.Err())
 	}
 	select {
 	case err := <-req.done:
 		return err
 	case <-ctx.Done():
-		return classify(fmt.Errorf("publish to stream %q: %w", stream, ctx.Err()))
+		return contextEnded(stream, ctx.Err())
 	}
+}
+
+// contextEnded classifies a Publish that stopped waiting because its
+// message's context ended. A deadline means the publish was attempted and
+// timed out: counted, like any failure of an attempted message (DESIGN §3),
+// so a message that always times out reaches its budget. A cancellation (the
+// relay shutting down) says nothing about the message: transient.
+func contextEnded(stream string, err error) error {
+	wrapped := fmt.Errorf("publish to stream %q: %w", stream, err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return wrapped
+	}
+	return bus.Transient(wrapped)
 }
 
 // checkSize refuses an entry larger than MaxEntryBytes, naming its largest

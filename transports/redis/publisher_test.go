@@ -271,3 +271,35 @@ func TestPublisher_EntryOverMaxEntryBytesIsPermanentAndNothingIsWritten(t *testi
 
 	require.NoError(t, pub.Publish("orders", small(), small()), "the Publisher must still work")
 }
+
+// A Publish that times out (its message's deadline passes while Redis does
+// not answer) was attempted: it is counted, like any failure of an attempted
+// message (DESIGN §3), so a message that always times out reaches its
+// budget. A cancelled one (a relay shutting down) is transient.
+func TestPublisher_TimeoutIsCountedCancellationTransient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, client := startPlainRedis(t)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	// Hold every write on the private server for a while.
+	require.NoError(t, client.Do(ctx, "CLIENT", "PAUSE", "3000", "WRITE").Err())
+	defer client.Do(ctx, "CLIENT", "UNPAUSE")
+
+	msg := message.NewMessage(watermill.NewUUID(), []byte("slow"))
+	mctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	msg.SetContext(mctx)
+	err = pub.Publish("orders", msg)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, bus.ClassCounted, bus.ClassOf(err), "a publish that timed out was attempted: %v", err)
+
+	msg = message.NewMessage(watermill.NewUUID(), []byte("cancelled"))
+	cctx, stop := context.WithCancel(ctx)
+	msg.SetContext(cctx)
+	go func() { time.Sleep(100 * time.Millisecond); stop() }()
+	err = pub.Publish("orders", msg)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "a cancelled publish says nothing about the message: %v", err)
+}
