@@ -410,21 +410,11 @@ func (g *InboxIngest) store(ctx context.Context, reqs []*ingestRequest) []error 
 	return results
 }
 
-// storeError classifies a failed insert: a statement the database refuses
-// for this message's data is permanent; anything else (connection, timeout,
-// server shutting down) is transient — the database, not the message, is at
-// fault.
-func storeError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "22", "54": // data exception, program limit exceeded
-			return bus.Permanent(err)
-		}
-		return err
-	}
-	return bus.Transient(err)
-}
+// storeError classifies a failed insert (postgres.ClassifyError): a
+// statement the database refuses for this message's data is permanent; the
+// database unreachable or shutting down is transient; any other refusal is
+// counted.
+func storeError(err error) error { return postgres.ClassifyError(err) }
 
 func (g *InboxIngest) msgs(reqs []*ingestRequest) []*message.Message {
 	out := make([]*message.Message, len(reqs))

@@ -100,11 +100,7 @@ func (p queuePublisher) Publish(topic string, msgs ...*message.Message) error {
 		return nil
 	})
 	if err != nil {
-		var invalid *InvalidMessageError
-		if errors.As(err, &invalid) {
-			return bus.Permanent(fmt.Errorf("postgres broker: publish to %q: %w", topic, err))
-		}
-		return bus.Transient(fmt.Errorf("postgres broker: publish to %q: %w", topic, err))
+		return ClassifyError(fmt.Errorf("postgres broker: publish to %q: %w", topic, err))
 	}
 	return nil
 }
