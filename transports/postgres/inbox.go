@@ -111,6 +111,12 @@ type StoreOptions struct {
 	// message in the same transaction as the insert (inline), so the row only
 	// records that the message was seen. Completed rows are never dispatched.
 	Completed bool
+	// DedupPerTopic makes the deduplication key the message id within its
+	// topic rather than the message id alone, so one message published to
+	// two topics is stored once for each: a queue's semantics (the postgres
+	// broker) rather than an inbox's, where a redelivered event is the same
+	// event whatever topic it came through.
+	DedupPerTopic bool
 }
 
 // Store inserts msgs for the consumer group with db — a pgx.Tx, a pool or a
@@ -156,6 +162,13 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 			return nil, fmt.Errorf("store: message %d is nil", i)
 		}
 		r, err := in.prepare(msg, opts.Topic)
+		if err == nil && opts.DedupPerTopic {
+			r.messageID = r.topic + "/" + r.messageID
+			if len(r.messageID) > MaxMessageIDBytes {
+				err = &InvalidMessageError{UUID: msg.UUID, Field: "topic and event id",
+					Why: fmt.Sprintf("%d bytes together is over the limit of %d", len(r.messageID), MaxMessageIDBytes)}
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
 		}

@@ -93,7 +93,7 @@ func (p queuePublisher) Publish(topic string, msgs ...*message.Message) error {
 	ctx := msgs[0].Context()
 	err := pgx.BeginFunc(ctx, p.b.pool, func(tx pgx.Tx) error {
 		for _, g := range p.b.groups {
-			if _, err := p.b.inbox.StoreWith(ctx, tx, StoreOptions{Group: g, Topic: topic}, msgs...); err != nil {
+			if _, err := p.b.inbox.StoreWith(ctx, tx, StoreOptions{Group: g, Topic: topic, DedupPerTopic: true}, msgs...); err != nil {
 				return err
 			}
 		}
