@@ -66,8 +66,9 @@ func TestUniversal_KeyedGuaranteedOrder(t *testing.T) {
 		GuaranteedOrder:     true, // one key per topic: delivered in insert order
 		Persistent:          true,
 		// One key is delivered strictly one message at a time; the full-size
-		// variant pushes 10,000 messages through a single key, which under
-		// -race on two cores takes minutes. Semantics are the same.
+		// variant pushes 10,000 messages through a single key in several
+		// tests, which under -race on two cores takes minutes: `make soak`
+		// runs it (TestSoak_UniversalKeyedFullSize). Semantics are the same.
 		ForceShort: true,
 	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
 		return keyedPublisher{ob.Publisher(pool)}, newSub(t)
