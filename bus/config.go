@@ -388,9 +388,19 @@ func ParseConfig(data []byte) (Config, error) {
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, &ConfigError{Reason: "parse YAML: " + nameYAMLKeys(data, strings.TrimPrefix(err.Error(), "yaml: "))}
+		msg := nameYAMLKeys(data, strings.TrimPrefix(err.Error(), "yaml: "))
+		return Config{}, &ConfigError{Reason: "parse YAML: " + scrub(hideAnchorNames(msg), cfg.secretValues())}
 	}
 	return cfg, nil
+}
+
+var yamlAnchorRE = regexp.MustCompile(`anchor '[^']*'`)
+
+// hideAnchorNames drops the names from YAML's anchor errors: an unquoted
+// value that starts with '*' (a password, say) is read as an alias, and the
+// error would quote the rest of it.
+func hideAnchorNames(msg string) string {
+	return yamlAnchorRE.ReplaceAllLiteralString(msg, "anchor (an unquoted value starting with * or & is an alias or anchor: quote it)")
 }
 
 var yamlLineRE = regexp.MustCompile(`line (\d+): `)
@@ -436,14 +446,18 @@ func nameYAMLKeys(data []byte, msg string) string {
 // value, which means its default.
 func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
 	var errs []error
-	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, _ reflect.StructField, v reflect.Value) {
+	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, f reflect.StructField, v reflect.Value) {
 		name := EnvName(key)
 		raw, ok := lookup(name)
 		if !ok {
 			return
 		}
 		if err := setFromString(v, raw); err != nil {
-			errs = append(errs, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%q: %v", name, raw, err)})
+			shown := strconv.Quote(redactValue(raw))
+			if f.Tag.Get("secret") != "" {
+				shown = "(value not shown)"
+			}
+			errs = append(errs, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%s: %v", name, shown, err)})
 		}
 	})
 	return errors.Join(errs...)
@@ -606,12 +620,16 @@ var (
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
+	secrets := c.secretValues()
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+		errs = append(errs, &ConfigError{Field: field, Reason: scrub(fmt.Sprintf(format, args...), secrets)})
 	}
+	// show quotes a value for a message, credentials masked: a value that is
+	// not meant to hold a secret may hold one by mistake (redis://u:pw@host).
+	show := func(v string) string { return strconv.Quote(redactValue(v)) }
 	oneOf := func(field, value string, accepted ...string) {
 		if !slices.Contains(accepted, value) {
-			bad(field, "%q is not one of %s", value, strings.Join(accepted, ", "))
+			bad(field, "%s is not one of %s", show(value), strings.Join(accepted, ", "))
 		}
 	}
 	notNegative := func(field string, n int64) {
@@ -626,23 +644,23 @@ func (c Config) Validate() error {
 	}
 	table := func(field, name string) {
 		if !identRE.MatchString(name) {
-			bad(field, "%q is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", name)
+			bad(field, "%s is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", show(name))
 			return
 		}
 		for part := range strings.SplitSeq(name, ".") {
 			if len(part) > maxTableNameLength {
-				bad(field, "%q: %q is longer than %d bytes (room is left for the suffixes of its lanes table and indexes)", name, part, maxTableNameLength)
+				bad(field, "%s: %s is longer than %d bytes (room is left for the suffixes of its lanes table and indexes)", show(name), show(part), maxTableNameLength)
 			}
 		}
 	}
 	hostPort := func(field, addr string) {
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil || port == "" {
-			bad(field, "%q is not host:port", addr)
+			bad(field, "%s is not host:port", show(addr))
 			return
 		}
 		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			bad(field, "%q: port %q is not a number from 0 to 65535", addr, port)
+			bad(field, "%s: port %s is not a number from 0 to 65535", show(addr), show(port))
 		}
 		_ = host
 	}
@@ -662,7 +680,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if dup := firstDuplicate(c.Postgres.QueueGroups); dup != "" {
-		bad("postgres.queue_groups", "%q is listed twice", dup)
+		bad("postgres.queue_groups", "%s is listed twice", show(dup))
 	}
 
 	// kafka
@@ -673,7 +691,7 @@ func (c Config) Validate() error {
 		hostPort(fmt.Sprintf("kafka.brokers[%d]", i), b)
 	}
 	if !versionRE.MatchString(c.Kafka.Version) {
-		bad("kafka.version", "%q is not major.minor.patch (for example 2.8.0)", c.Kafka.Version)
+		bad("kafka.version", "%s is not major.minor.patch (for example 2.8.0)", show(c.Kafka.Version))
 	}
 	oneOf("kafka.initial_offset", c.Kafka.InitialOffset, "oldest", "newest")
 	notNegative("kafka.max_in_flight", int64(c.Kafka.MaxInFlight))
@@ -706,13 +724,13 @@ func (c Config) Validate() error {
 	notNegativeDur("outbox.retention", c.Outbox.Retention)
 	table("inbox.table", c.Inbox.Table)
 	if c.Inbox.Table == c.Outbox.Table {
-		bad("inbox.table", "%q is also outbox.table: the outbox and the inbox need tables of their own", c.Inbox.Table)
+		bad("inbox.table", "%s is also outbox.table: the outbox and the inbox need tables of their own", show(c.Inbox.Table))
 	}
 	if c.Postgres.QueueTable == c.Outbox.Table || c.Postgres.QueueTable == c.Inbox.Table {
-		bad("postgres.queue_table", "%q is also the outbox or inbox table: the postgres broker needs a table of its own", c.Postgres.QueueTable)
+		bad("postgres.queue_table", "%s is also the outbox or inbox table: the postgres broker needs a table of its own", show(c.Postgres.QueueTable))
 	}
 	if strings.TrimSpace(c.Inbox.ConsumerGroup) != c.Inbox.ConsumerGroup {
-		bad("inbox.consumer_group", "%q has leading or trailing spaces", c.Inbox.ConsumerGroup)
+		bad("inbox.consumer_group", "%s has leading or trailing spaces", show(c.Inbox.ConsumerGroup))
 	}
 	for i, t := range c.Inbox.Topics {
 		if strings.TrimSpace(t) == "" {
@@ -720,7 +738,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if dup := firstDuplicate(c.Inbox.Topics); dup != "" {
-		bad("inbox.topics", "%q is listed twice", dup)
+		bad("inbox.topics", "%s is listed twice", show(dup))
 	}
 	notNegative("inbox.max_attempts", int64(c.Inbox.MaxAttempts))
 	notNegativeDur("inbox.retention", c.Inbox.Retention)
@@ -754,8 +772,10 @@ func (c Config) Validate() error {
 	}
 	oneOf("observability.traces", c.Observability.Traces, TracesOff, TracesOTLP)
 	if e := c.Observability.OTLPEndpoint; e != "" {
+		// The URL is shown redacted, and net/url's error, which quotes it
+		// whole, is not shown at all.
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("observability.otlp_endpoint", "%q is not an http(s) URL such as http://collector:4318/v1/traces", e)
+			bad("observability.otlp_endpoint", "%s is not an http(s) URL such as http://collector:4318/v1/traces", strconv.Quote(RedactDSN(e)))
 		}
 	}
 	return errors.Join(errs...)
@@ -772,22 +792,141 @@ func firstDuplicate(items []string) string {
 	return ""
 }
 
-// checkPostgresURL accepts a postgres:// or postgresql:// URL or a libpq
-// key=value string; the driver parses it for real when connecting.
+// checkPostgresURL accepts what the PostgreSQL driver accepts: a
+// postgres:// or postgresql:// URL (libpq's grammar, several hosts allowed)
+// or libpq key=value pairs. Its errors show the string only redacted, and
+// never the parts that do not parse (they may be a misplaced password).
 func checkPostgresURL(s string) error {
-	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
-		if _, err := url.Parse(s); err != nil {
-			return fmt.Errorf("not a valid URL: %v", redactErr(err, s))
+	if loc := schemeRE.FindStringIndex(s); loc != nil {
+		if !strings.HasPrefix(s, "postgres://") && !strings.HasPrefix(s, "postgresql://") {
+			scheme := strings.TrimSpace(s[:loc[1]-len("://")])
+			if scheme == "postgres" || scheme == "postgresql" {
+				return errors.New("must start with postgres:// or postgresql://, without spaces before it")
+			}
+			return fmt.Errorf("scheme %q is not postgres or postgresql", scheme)
+		}
+		if why := checkLibpqURL(s[loc[1]:]); why != "" {
+			return fmt.Errorf("%s is not a valid URL: %s", strconv.Quote(RedactDSN(s)), why)
 		}
 		return nil
 	}
-	if strings.Contains(s, "=") {
+	kv := parseKeyValue(s)
+	switch {
+	case kv.failAt < 0:
 		return nil
+	case kv.pairs == 0:
+		return errors.New("is neither a postgres:// URL nor a key=value connection string (the value is not shown: it may hold a password)")
+	default:
+		return fmt.Errorf("%s is not a valid key=value connection string: %s", strconv.Quote(RedactDSN(s)), kv.reason)
 	}
-	return fmt.Errorf("%q is neither a postgres:// URL nor a key=value connection string", RedactDSN(s))
 }
 
-// redactErr removes s (which may carry a password) from err's text.
-func redactErr(err error, s string) string {
-	return strings.ReplaceAll(err.Error(), s, RedactDSN(s))
+// urlEncodeHint ends the messages about URLs whose user info may hold an
+// unescaped character.
+const urlEncodeHint = " (percent-encode these characters of a user name or password: @ as %40, / as %2F, ? as %3F, # as %23, : as %3A, % as %25)"
+
+// checkLibpqURL checks rest, a connection URL after its "postgres://", with
+// the grammar of libpq (as the PostgreSQL driver implements it): user info up
+// to the first '@' before any '/', a comma-separated list of host[:port]
+// (IPv6 in brackets), /database, ?key=value&…. It returns why the URL is not
+// valid, or "". It also refuses what the driver would take apart in a way
+// nobody means: an '@' in a host or in the database name is the rest of a
+// password with an unescaped '@'.
+func checkLibpqURL(rest string) string {
+	if strings.IndexByte(rest, 0) >= 0 {
+		return "it contains a NUL byte"
+	}
+	p := rest
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		if !validPercentEncoding(p[:i]) {
+			return "the user name or password has a % that is not followed by two hex digits" + urlEncodeHint
+		}
+		p = p[i+1:]
+	}
+	for n := 1; ; n++ {
+		if strings.HasPrefix(p, "[") {
+			end := strings.IndexByte(p, ']')
+			switch {
+			case end < 0:
+				return fmt.Sprintf("host %d: an IPv6 address without its closing ]", n)
+			case end == 1:
+				return fmt.Sprintf("host %d: an empty IPv6 address", n)
+			}
+			p = p[end+1:]
+			if p != "" && !strings.ContainsRune(":/?,", rune(p[0])) {
+				return fmt.Sprintf("host %d: text after the IPv6 address that is not :port", n)
+			}
+		} else {
+			i := strings.IndexAny(p, ":/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			if strings.Contains(p[:i], "@") {
+				return fmt.Sprintf("host %d contains '@'", n) + urlEncodeHint
+			}
+			if !validPercentEncoding(p[:i]) {
+				return fmt.Sprintf("host %d has a %% that is not followed by two hex digits", n)
+			}
+			p = p[i:]
+		}
+		if strings.HasPrefix(p, ":") {
+			p = p[1:]
+			i := strings.IndexAny(p, "/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			if port := p[:i]; port != "" {
+				if pn, err := strconv.ParseUint(port, 10, 16); err != nil || pn == 0 {
+					return fmt.Sprintf("host %d: the port is not a number from 1 to 65535", n) + urlEncodeHint
+				}
+			}
+			p = p[i:]
+		}
+		if !strings.HasPrefix(p, ",") {
+			break
+		}
+		p = p[1:]
+	}
+	if strings.HasPrefix(p, "/") {
+		db := p[1:]
+		p = ""
+		if i := strings.IndexByte(db, '?'); i >= 0 {
+			db, p = db[:i], db[i:]
+		}
+		if strings.Contains(db, "@") {
+			return "the database name contains '@'" + urlEncodeHint
+		}
+		if !validPercentEncoding(db) {
+			return "the database name has a % that is not followed by two hex digits"
+		}
+	}
+	if strings.HasPrefix(p, "?") {
+		for n, pair := range strings.Split(p[1:], "&") {
+			if strings.Count(pair, "=") != 1 {
+				return fmt.Sprintf("query parameter %d is not key=value (one '=')", n+1)
+			}
+			if !validPercentEncoding(pair) {
+				return fmt.Sprintf("query parameter %d has a %% that is not followed by two hex digits", n+1)
+			}
+		}
+	}
+	return ""
+}
+
+// validPercentEncoding reports whether every '%' of s starts a %XX escape.
+func validPercentEncoding(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			continue
+		}
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return false
+		}
+		i += 2
+	}
+	return true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
