@@ -75,6 +75,33 @@ const (
 	MetricsOff = "-"
 )
 
+// Limits of Config's numbers: what the columns, pools and queues they end up
+// in can hold. Validate refuses a larger value, naming the key and the limit.
+const (
+	// MaxAttemptsLimit bounds every attempt budget: outbox.max_attempts,
+	// inbox.max_attempts, the transports' MaxAttempts and the budget a
+	// message sets for itself (postgres.SetMaxAttempts). The column is an
+	// int32; a budget this large already means "retry for days".
+	MaxAttemptsLimit = 1000
+	// MaxPostgresConns bounds postgres.max_conns (the pool size is an
+	// int32; PostgreSQL's max_connections is rarely in the thousands).
+	MaxPostgresConns = 10_000
+	// MaxRelayBatchSize bounds relay.batch_size (keys one fetch takes).
+	MaxRelayBatchSize = 10_000
+	// MaxRelayRunLength bounds relay.run_length (rows of one key one fetch takes).
+	MaxRelayRunLength = 1_000
+)
+
+// tableObjectSuffixes name the objects the postgres migrations create for a
+// table T in its schema: T itself, T_lanes, their indexes, sequences,
+// functions, triggers and constraints. Two configured tables must not share
+// any of these names (a test keeps the list in step with the migrations).
+var tableObjectSuffixes = []string{"",
+	"_lanes", "_lanes_pkey", "_lanes_ready_idx", "_pkey", "_id_seq",
+	"_event_uidx", "_message_uidx", "_fetch_idx", "_key_idx", "_failed_idx", "_completed_idx",
+	"_lane_fn", "_lane_trg", "_notify_fn", "_notify_trg", "_status_check", "_max_attempts_check",
+}
+
 const (
 	envPrefix = "OMNIBUS_"
 	// maxTableNameLength is PostgreSQL's 63-byte identifier limit less the

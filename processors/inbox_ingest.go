@@ -34,6 +34,13 @@ const (
 	DefaultIngestStoreTimeout = 30 * time.Second
 )
 
+// Limits of InboxIngestConfig: Validate refuses larger values. BatchSize ×
+// Writers is the capacity of the ingest's request queue.
+const (
+	MaxIngestBatchSize = 10_000
+	MaxIngestWriters   = 256
+)
+
 // ErrIngestClosed is returned (transient) for messages that arrive after the
 // InboxIngest was closed: they are nacked and redelivered by the broker.
 var ErrIngestClosed = errors.New("inbox ingest: closed")

@@ -47,6 +47,15 @@ const (
 	DefaultMaxErrorLength = 2048
 )
 
+// Limits of SubscriberConfig's sizes: Validate refuses larger values (they
+// size queues and statements, and would exhaust memory long before they
+// helped throughput).
+const (
+	MaxBatchSize   = bus.MaxRelayBatchSize
+	MaxRunLength   = bus.MaxRelayRunLength
+	MaxSettleBatch = 10_000
+)
+
 // SubscriberConfig configures a Subscriber. Zero values mean the defaults.
 type SubscriberConfig struct {
 	// Table is the outbox or inbox table. Default DefaultOutboxTable, or

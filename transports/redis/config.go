@@ -43,6 +43,16 @@ const (
 	DefaultDeadLetterSuffix = ":dead-letter"
 )
 
+// Limits of PublisherConfig's and SubscriberConfig's sizes: Validate refuses
+// larger values. They size queues (BatchSize × Pipelines) and reads; beyond
+// them a value only exhausts memory.
+const (
+	MaxPublishBatchSize = 10_000
+	MaxPublishPipelines = 64
+	MaxBatchSize        = 10_000
+	MaxMaxInFlight      = 100_000
+)
+
 // ConfigError reports an invalid configuration field.
 type ConfigError struct {
 	// Field is the name of the offending field, as spelled in the struct.
