@@ -664,6 +664,14 @@ func (c Config) Validate() error {
 			bad(field, "must not be negative, got %d", n)
 		}
 	}
+	// upTo checks 0 <= n <= limit: the limit is what the value is stored in
+	// (an int32 column, a pool size) or what a sane process can allocate.
+	upTo := func(field string, n, limit int64) {
+		notNegative(field, n)
+		if n > limit {
+			bad(field, "at most %d, got %d", limit, n)
+		}
+	}
 	notNegativeDur := func(field string, d time.Duration) {
 		if d < 0 {
 			bad(field, "must not be negative, got %s", d)
@@ -699,7 +707,7 @@ func (c Config) Validate() error {
 	if err := checkPostgresURL(c.Postgres.URL); err != nil {
 		bad("postgres.url", "%v", err)
 	}
-	notNegative("postgres.max_conns", int64(c.Postgres.MaxConns))
+	upTo("postgres.max_conns", int64(c.Postgres.MaxConns), MaxPostgresConns)
 	table("postgres.queue_table", c.Postgres.QueueTable)
 	for i, g := range c.Postgres.QueueGroups {
 		if strings.TrimSpace(g) == "" {
@@ -747,14 +755,29 @@ func (c Config) Validate() error {
 
 	// outbox and inbox
 	table("outbox.table", c.Outbox.Table)
-	notNegative("outbox.max_attempts", int64(c.Outbox.MaxAttempts))
+	upTo("outbox.max_attempts", int64(c.Outbox.MaxAttempts), MaxAttemptsLimit)
 	notNegativeDur("outbox.retention", c.Outbox.Retention)
 	table("inbox.table", c.Inbox.Table)
-	if c.Inbox.Table == c.Outbox.Table {
-		bad("inbox.table", "%s is also outbox.table: the outbox and the inbox need tables of their own", show(c.Inbox.Table))
+	tables := []struct{ field, name string }{
+		{"outbox.table", c.Outbox.Table}, {"inbox.table", c.Inbox.Table}, {"postgres.queue_table", c.Postgres.QueueTable},
 	}
-	if c.Postgres.QueueTable == c.Outbox.Table || c.Postgres.QueueTable == c.Inbox.Table {
-		bad("postgres.queue_table", "%s is also the outbox or inbox table: the postgres broker needs a table of its own", show(c.Postgres.QueueTable))
+	for _, t := range tables {
+		if tableKey(t.name) == tableKey(migrationsTable) {
+			bad(t.field, "%s is the table of applied migrations", migrationsTable)
+		}
+	}
+	for i, b := range tables {
+		for _, a := range tables[:i] {
+			switch shared := sharedTableObject(a.name, b.name); {
+			case tableKey(a.name) == tableKey(b.name) && b.field == "inbox.table":
+				bad(b.field, "%s is also outbox.table: the outbox and the inbox need tables of their own", show(b.name))
+			case tableKey(a.name) == tableKey(b.name):
+				bad(b.field, "%s is also %s: the postgres broker needs a table of its own", show(b.name), a.field)
+			case shared != "":
+				bad(b.field, "%s collides with %s %s: both need %q (each table brings objects named after it: its lanes table, indexes, functions)",
+					show(b.name), a.field, show(a.name), shared)
+			}
+		}
 	}
 	if strings.TrimSpace(c.Inbox.ConsumerGroup) != c.Inbox.ConsumerGroup {
 		bad("inbox.consumer_group", "%s has leading or trailing spaces", show(c.Inbox.ConsumerGroup))
@@ -767,7 +790,7 @@ func (c Config) Validate() error {
 	if dup := firstDuplicate(c.Inbox.Topics); dup != "" {
 		bad("inbox.topics", "%s is listed twice", show(dup))
 	}
-	notNegative("inbox.max_attempts", int64(c.Inbox.MaxAttempts))
+	upTo("inbox.max_attempts", int64(c.Inbox.MaxAttempts), MaxAttemptsLimit)
 	notNegativeDur("inbox.retention", c.Inbox.Retention)
 
 	// retry
@@ -778,8 +801,8 @@ func (c Config) Validate() error {
 	notNegativeDur("retry.transient_delay", c.Retry.TransientDelay)
 
 	// relay
-	notNegative("relay.batch_size", int64(c.Relay.BatchSize))
-	notNegative("relay.run_length", int64(c.Relay.RunLength))
+	upTo("relay.batch_size", int64(c.Relay.BatchSize), MaxRelayBatchSize)
+	upTo("relay.run_length", int64(c.Relay.RunLength), MaxRelayRunLength)
 	notNegativeDur("relay.lease", c.Relay.Lease)
 	if c.Relay.Lease > 0 && c.Relay.Lease < time.Second {
 		bad("relay.lease", "%s is too short: at least 1s", c.Relay.Lease)
@@ -956,4 +979,32 @@ func validPercentEncoding(s string) bool {
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// migrationsTable is the table in which the postgres migrations record what
+// they applied, one per schema.
+const migrationsTable = "omnibus_schema_migrations"
+
+// tableKey is the schema-qualified name of a configured table, for
+// comparisons: an unqualified table is in schema public (the default
+// search_path). Names are compared as written: they are quoted in SQL.
+func tableKey(name string) string {
+	if strings.Contains(name, ".") {
+		return name
+	}
+	return "public." + name
+}
+
+// sharedTableObject returns a name (schema-qualified) that the objects of the
+// tables a and b would both take, or "".
+func sharedTableObject(a, b string) string {
+	ka, kb := tableKey(a), tableKey(b)
+	for _, sa := range tableObjectSuffixes {
+		for _, sb := range tableObjectSuffixes {
+			if ka+sa == kb+sb {
+				return strings.TrimPrefix(ka+sa, "public.")
+			}
+		}
+	}
+	return ""
 }

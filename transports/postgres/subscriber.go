@@ -170,8 +170,12 @@ func (c SubscriberConfig) Validate() error {
 		return errors.New("ConsumerGroup: an outbox table has no consumer groups")
 	case c.BatchSize < 1:
 		return fmt.Errorf("BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("BatchSize: at most %d, got %d", MaxBatchSize, c.BatchSize)
 	case c.RunLength < 1:
 		return fmt.Errorf("RunLength: must be at least 1, got %d", c.RunLength)
+	case c.RunLength > MaxRunLength:
+		return fmt.Errorf("RunLength: at most %d, got %d", MaxRunLength, c.RunLength)
 	case c.MaxInFlight < 1:
 		return fmt.Errorf("MaxInFlight: must be at least 1, got %d", c.MaxInFlight)
 	case c.Lease < time.Second:
@@ -182,6 +186,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("SettleInterval: must not be negative, got %s", c.SettleInterval)
 	case c.SettleBatch < 1:
 		return fmt.Errorf("SettleBatch: must be at least 1, got %d", c.SettleBatch)
+	case c.SettleBatch > MaxSettleBatch:
+		return fmt.Errorf("SettleBatch: at most %d, got %d", MaxSettleBatch, c.SettleBatch)
 	case c.CloseTimeout < 0:
 		return fmt.Errorf("CloseTimeout: must not be negative, got %s", c.CloseTimeout)
 	case c.TransientDelay < 0:

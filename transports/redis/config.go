@@ -164,8 +164,14 @@ func (c PublisherConfig) Validate() error {
 	if c.BatchSize < 0 {
 		return invalid("BatchSize", "negative (%d)", c.BatchSize)
 	}
+	if c.BatchSize > MaxPublishBatchSize {
+		return invalid("BatchSize", "at most %d, got %d", MaxPublishBatchSize, c.BatchSize)
+	}
 	if c.Pipelines < 0 {
 		return invalid("Pipelines", "negative (%d)", c.Pipelines)
+	}
+	if c.Pipelines > MaxPublishPipelines {
+		return invalid("Pipelines", "at most %d, got %d", MaxPublishPipelines, c.Pipelines)
 	}
 	return nil
 }
@@ -282,11 +288,17 @@ func (c SubscriberConfig) Validate() error {
 	if c.BatchSize < 0 {
 		return invalid("BatchSize", "negative (%d)", c.BatchSize)
 	}
+	if c.BatchSize > MaxBatchSize {
+		return invalid("BatchSize", "at most %d, got %d", MaxBatchSize, c.BatchSize)
+	}
 	if c.BlockTime < 0 {
 		return invalid("BlockTime", "negative (%s)", c.BlockTime)
 	}
 	if c.MaxInFlight < 0 {
 		return invalid("MaxInFlight", "negative (%d)", c.MaxInFlight)
+	}
+	if c.MaxInFlight > MaxMaxInFlight {
+		return invalid("MaxInFlight", "at most %d, got %d", MaxMaxInFlight, c.MaxInFlight)
 	}
 	if c.ClaimIdle < 0 {
 		return invalid("ClaimIdle", "negative (%s)", c.ClaimIdle)
