@@ -3,7 +3,6 @@ package bus
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -164,6 +163,11 @@ type Config struct {
 	Relay RelayConfig `yaml:"relay"`
 	// Observability configures logs and the metrics endpoint.
 	Observability ObservabilityConfig `yaml:"observability"`
+
+	// expandedSecrets are the values ParseConfigEnv took from variables
+	// whose names say secret: errors and printing hide them wherever they
+	// landed.
+	expandedSecrets []string
 }
 
 // PostgresConfig is the database connection.
@@ -393,7 +397,7 @@ func loadConfig(path string, lookup func(string) (string, bool)) (Config, error)
 		if err != nil {
 			return Config{}, &ConfigError{Reason: fmt.Sprintf("read config file: %v", err)}
 		}
-		if cfg, err = ParseConfig(data); err != nil {
+		if cfg, err = ParseConfigEnv(data, lookup); err != nil {
 			return Config{}, fmt.Errorf("%s: %w", path, err)
 		}
 	}
@@ -407,18 +411,290 @@ func loadConfig(path string, lookup func(string) (string, bool)) (Config, error)
 	return cfg, nil
 }
 
-// ParseConfig decodes a YAML document into a Config. Unknown keys are an
+// ParseConfig decodes a YAML document into a Config, expanding the
+// environment variables (os.LookupEnv) its values name; see ParseConfigEnv.
+// Defaults are not applied and nothing is validated.
+func ParseConfig(data []byte) (Config, error) {
+	return ParseConfigEnv(data, os.LookupEnv)
+}
+
+// ParseConfigEnv decodes a YAML document into a Config. Unknown keys are an
 // error (a misspelled key must not be ignored silently). Defaults are not
 // applied and nothing is validated.
-func ParseConfig(data []byte) (Config, error) {
-	var cfg Config
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+//
+// In every value (not in keys or comments), ${NAME} and $NAME are replaced by
+// the variable lookup finds, as text: the value may hold any character,
+// YAML's included, and a number key gets a number. $$ is a literal $, and a $
+// not followed by a letter, _ or { is kept as it is. A variable that is not
+// set is an error naming it, the key and the line (a variable set to "" gives
+// ""), and so is a ${ without a name and its closing }. A value from a
+// variable whose name says secret (PASSWORD, TOKEN, KEY, …), or put into a
+// secret key, is treated as a secret wherever it lands: errors and printing
+// never show it.
+func ParseConfigEnv(data []byte, lookup func(string) (string, bool)) (Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
 		msg := nameYAMLKeys(data, strings.TrimPrefix(err.Error(), "yaml: "))
-		return Config{}, &ConfigError{Reason: "parse YAML: " + scrub(hideAnchorNames(msg), cfg.secretValues())}
+		return Config{}, &ConfigError{Reason: "parse YAML: " + hideAnchorNames(msg)}
+	}
+	if len(root.Content) == 0 {
+		return Config{}, nil // an empty document
+	}
+	doc := root.Content[0]
+	var problems []string
+	checkKnownKeys(doc, reflect.TypeFor[Config](), "", map[*yaml.Node]bool{}, &problems)
+	x := expander{lookup: lookup, keys: configKeyFields(), seen: map[*yaml.Node]bool{}, lines: map[int]bool{}}
+	x.walk(doc, "")
+
+	var cfg Config
+	if err := doc.Decode(&cfg); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			for _, m := range te.Errors {
+				problems = append(problems, x.hideExpandedValues(m))
+			}
+		} else {
+			problems = append(problems, strings.TrimPrefix(err.Error(), "yaml: "))
+		}
+	}
+	cfg.expandedSecrets = x.secrets
+	secrets := append(cfg.secretValues(), x.secrets...)
+	var errs []error
+	if len(problems) > 0 {
+		msg := nameYAMLKeys(data, strings.Join(problems, "; "))
+		errs = append(errs, &ConfigError{Reason: "parse YAML: " + scrub(hideAnchorNames(msg), secrets)})
+	}
+	errs = append(errs, x.errs...)
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// checkKnownKeys reports the keys of the mapping n that the struct t has no
+// field for, as yaml's KnownFields does ("KEY (line N): field X not found in
+// type T"), and descends into the fields that are structs. Merge keys (<<)
+// are checked against t too.
+func checkKnownKeys(n *yaml.Node, t reflect.Type, prefix string, seen map[*yaml.Node]bool, problems *[]string) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if seen[n] {
+		return
+	}
+	seen[n] = true
+	switch n.Kind {
+	case yaml.SequenceNode: // the value of a merge key: a list of mappings
+		for _, item := range n.Content {
+			checkKnownKeys(item, t, prefix, seen, problems)
+		}
+		return
+	case yaml.MappingNode:
+	default:
+		return // a scalar where a mapping belongs: Decode reports it
+	}
+	fields := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); name != "" && name != "-" {
+			fields[name] = t.Field(i).Type
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.ShortTag() == "!!merge" {
+			checkKnownKeys(v, t, prefix, seen, problems)
+			continue
+		}
+		key := k.Value
+		if prefix != "" {
+			key = prefix + "." + k.Value
+		}
+		ft, ok := fields[k.Value]
+		if !ok {
+			*problems = append(*problems, fmt.Sprintf("%s (line %d): field %s not found in type %s", key, k.Line, k.Value, t))
+			continue
+		}
+		if ft.Kind() == reflect.Struct && ft != reflect.TypeFor[time.Duration]() {
+			checkKnownKeys(v, ft, key, seen, problems)
+		}
+	}
+}
+
+// keyField is what the expander needs to know of a configuration key.
+type keyField struct {
+	typ    reflect.Type
+	secret bool
+}
+
+// configKeyFields maps every dotted key to its field.
+func configKeyFields() map[string]keyField {
+	out := map[string]keyField{}
+	var c Config
+	walkConfig(reflect.ValueOf(&c).Elem(), "", func(key string, f reflect.StructField, _ reflect.Value) {
+		out[key] = keyField{typ: f.Type, secret: f.Tag.Get("secret") != ""}
+	})
+	return out
+}
+
+// expander expands the environment variables in the values of a YAML tree.
+type expander struct {
+	lookup  func(string) (string, bool)
+	keys    map[string]keyField
+	seen    map[*yaml.Node]bool
+	lines   map[int]bool // lines of values that were expanded
+	secrets []string     // expanded values to be kept secret
+	errs    []error
+}
+
+// walk expands the scalar values under n, whose dotted key is key. Each node
+// is expanded once, however many aliases point to it.
+func (x *expander) walk(n *yaml.Node, key string) {
+	if n.Kind == yaml.AliasNode || x.seen[n] {
+		return
+	}
+	x.seen[n] = true
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			child := k.Value
+			if k.ShortTag() == "!!merge" {
+				child = key
+			} else if key != "" {
+				child = key + "." + k.Value
+			}
+			x.walk(v, child)
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			x.walk(item, fmt.Sprintf("%s[%d]", key, i))
+		}
+	case yaml.ScalarNode:
+		x.scalar(n, key)
+	}
+}
+
+func (x *expander) scalar(n *yaml.Node, key string) {
+	if !strings.Contains(n.Value, "$") {
+		return
+	}
+	// A list item ("inbox.topics[1]") has the field of its list.
+	listKey, _, _ := strings.Cut(key, "[")
+	field, known := x.keys[listKey]
+	out, used, problem := expandVars(n.Value, x.lookup, field.secret)
+	if problem != "" {
+		x.errs = append(x.errs, &ConfigError{Field: key, Reason: fmt.Sprintf("line %d: %s", n.Line, problem)})
+		return
+	}
+	for _, u := range used {
+		if field.secret || secretKey(u.name) {
+			x.secrets = append(x.secrets, u.value)
+		}
+	}
+	if out == n.Value {
+		return
+	}
+	x.lines[n.Line] = true
+	n.Value = out
+	// A value expanded into a string key stays a string ("null", "0x10"); in
+	// any other key it is read as if it had been written in the file.
+	isString := known && (field.typ.Kind() == reflect.String || field.typ.Kind() == reflect.Slice)
+	if n.Style&yaml.TaggedStyle == 0 {
+		if isString {
+			n.Tag = "!!str"
+		} else {
+			n.Tag = ""
+		}
+	}
+}
+
+var yamlQuotedValueRE = regexp.MustCompile("`[^`]*`")
+
+// hideExpandedValues drops the value yaml quotes in a decoding error when it
+// came from the environment (it may be a secret put in the wrong key).
+func (x *expander) hideExpandedValues(msg string) string {
+	m := yamlLineRE.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	if line, _ := strconv.Atoi(m[1]); !x.lines[line] {
+		return msg
+	}
+	return yamlQuotedValueRE.ReplaceAllLiteralString(msg, "(a value from the environment)")
+}
+
+// expandedVar is a variable a value used.
+type expandedVar struct{ name, value string }
+
+// expandVars expands ${NAME} and $NAME in s (NAME: a letter or _, then
+// letters, digits and _), $$ to $, and keeps any other $. It returns the
+// result and the variables used, or a problem: an unset variable (named,
+// unless inSecret and written $NAME: then the name may be part of a password
+// that needed $$) or a ${ without a name and its closing }.
+func expandVars(s string, lookup func(string) (string, bool), inSecret bool) (string, []expandedVar, string) {
+	var b strings.Builder
+	var used []expandedVar
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		var name string
+		braced := false
+		switch next := s[i+1]; {
+		case next == '$':
+			b.WriteByte('$')
+			i++
+			continue
+		case next == '{':
+			end := strings.IndexByte(s[i+2:], '}')
+			if end < 0 || !isVarName(s[i+2:i+2+end]) {
+				return "", nil, "a ${ without a variable name and its closing } (write ${NAME}, or $$ for a literal $)"
+			}
+			name, braced = s[i+2:i+2+end], true
+			i += 2 + end
+		case next == '_' || 'A' <= next && next <= 'Z' || 'a' <= next && next <= 'z':
+			j := i + 1
+			for j < len(s) && isVarByte(s[j]) {
+				j++
+			}
+			name = s[i+1 : j]
+			i = j - 1
+		default:
+			b.WriteByte('$')
+			continue
+		}
+		value, ok := lookup(name)
+		if !ok {
+			switch {
+			case braced:
+				return "", nil, fmt.Sprintf("${%s} is not set (set the variable, or write $$ for a literal $)", name)
+			case inSecret:
+				return "", nil, "a $NAME in this secret value is not set; the name is not shown, it may be part of the secret (set the variable, or write $$ for a literal $)"
+			default:
+				return "", nil, fmt.Sprintf("$%s is not set (set the variable, or write $$ for a literal $)", name)
+			}
+		}
+		used = append(used, expandedVar{name: name, value: value})
+		b.WriteString(value)
+	}
+	return b.String(), used, ""
+}
+
+func isVarByte(c byte) bool {
+	return c == '_' || 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9'
+}
+
+func isVarName(s string) bool {
+	if s == "" || '0' <= s[0] && s[0] <= '9' {
+		return false
+	}
+	for i := range len(s) {
+		if !isVarByte(s[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 var yamlAnchorRE = regexp.MustCompile(`anchor '[^']*'`)
@@ -647,7 +923,7 @@ var (
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
-	secrets := c.secretValues()
+	secrets := append(c.secretValues(), c.expandedSecrets...)
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &ConfigError{Field: field, Reason: scrub(fmt.Sprintf(format, args...), secrets)})
 	}

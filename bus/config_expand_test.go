@@ -36,7 +36,7 @@ kafka:
 `)
 	cfg, err := loadConfig(path, env(map[string]string{
 		"BROKER":                "kafka",
-		"PGPASSWORD":            "p@ss: #word*&!",
+		"PGPASSWORD":            "p%40ss: #word*&!",
 		"MAX_CONNS":             "25",
 		"REDIS_PASSWORD":        `quo"te'`,
 		"PREFIX":                "eu",
@@ -48,7 +48,7 @@ kafka:
 	}))
 	require.NoError(t, err)
 	assert.Equal(t, BrokerKafka, cfg.Broker)
-	assert.Equal(t, "postgres://app:p@ss: #word*&!@db:5432/app?sslmode=require", cfg.Postgres.URL, "the value is inserted as text, not as YAML")
+	assert.Equal(t, "postgres://app:p%40ss: #word*&!@db:5432/app?sslmode=require", cfg.Postgres.URL, "the value is inserted as text, not as YAML")
 	assert.Equal(t, 25, cfg.Postgres.MaxConns, "a number key gets the number")
 	assert.Equal(t, `quo"te'`, cfg.Redis.Password)
 	assert.Equal(t, "price$-eu-", cfg.Redis.StreamPrefix, "$$ is a literal $")
@@ -130,4 +130,15 @@ func TestLoadConfig_ExpandedSecretNeverShown(t *testing.T) {
 		assertNoSecret(t, out, "hunter2secretvalue", where)
 		assertNoSecret(t, out, "hunter3secretvalue", where)
 	}
+}
+
+// TestLoadConfig_AnAliasedValueIsExpandedOnce: $$ becomes $ once, however
+// many aliases use the anchored value.
+func TestLoadConfig_AnAliasedValueIsExpandedOnce(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, "inbox:\n  topics: &t [a, $$b]\npostgres:\n  queue_groups: *t\n")
+	cfg, err := loadConfig(path, env(map[string]string{"b": "not used"}))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "$b"}, cfg.Inbox.Topics)
+	assert.Equal(t, []string{"a", "$b"}, cfg.Postgres.QueueGroups)
 }

@@ -19,9 +19,10 @@ const Redacted = "REDACTED"
 
 // Redacted returns a copy of c whose secrets are replaced by Redacted: keys
 // tagged secret (passwords), the password and secret parameters inside a
-// connection string (postgres.url, observability.otlp_endpoint), and
+// connection string (postgres.url, observability.otlp_endpoint),
 // credentials written into any other key by mistake (a redis.addr given as
-// redis://user:password@host). Empty secrets stay empty, so a printed config
+// redis://user:password@host), and values the file took from variables
+// whose names say secret (see ParseConfigEnv). Empty secrets stay empty, so a printed config
 // shows whether a secret is set.
 func (c Config) Redacted() Config {
 	c.Kafka.Brokers = slices.Clone(c.Kafka.Brokers)
@@ -36,10 +37,10 @@ func (c Config) Redacted() Config {
 		case f.Tag.Get("secret") == "dsn":
 			v.SetString(RedactDSN(v.String()))
 		case v.Kind() == reflect.String:
-			v.SetString(redactValue(v.String()))
+			v.SetString(scrub(redactValue(v.String()), c.expandedSecrets))
 		case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
 			for i := range v.Len() {
-				v.Index(i).SetString(redactValue(v.Index(i).String()))
+				v.Index(i).SetString(scrub(redactValue(v.Index(i).String()), c.expandedSecrets))
 			}
 		}
 	})
