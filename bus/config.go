@@ -391,12 +391,21 @@ func LoadConfig(path string) (Config, error) {
 }
 
 func loadConfig(path string, lookup func(string) (string, bool)) (Config, error) {
-	var cfg Config
+	var data []byte
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
 			return Config{}, &ConfigError{Reason: fmt.Sprintf("read config file: %v", err)}
 		}
+	}
+	return loadConfigData(path, data, lookup)
+}
+
+// loadConfigData is LoadConfig of a file's content (none when path is "").
+func loadConfigData(path string, data []byte, lookup func(string) (string, bool)) (Config, error) {
+	var cfg Config
+	if path != "" {
+		var err error
 		if cfg, err = ParseConfigEnv(data, lookup); err != nil {
 			return Config{}, fmt.Errorf("%s: %w", path, err)
 		}
@@ -748,7 +757,7 @@ func nameYAMLKeys(data []byte, msg string) string {
 // (os.LookupEnv in LoadConfig). A variable set to "" sets the key to its zero
 // value, which means its default.
 func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
-	var errs []error
+	var bad []*ConfigError
 	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, f reflect.StructField, v reflect.Value) {
 		name := EnvName(key)
 		raw, ok := lookup(name)
@@ -760,9 +769,16 @@ func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
 			if f.Tag.Get("secret") != "" {
 				shown = "(value not shown)"
 			}
-			errs = append(errs, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%s: %v", name, shown, err)})
+			bad = append(bad, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%s: %v", name, shown, err)})
 		}
 	})
+	// The secrets are known once every variable is applied.
+	secrets := append(c.secretValues(), c.expandedSecrets...)
+	errs := make([]error, len(bad))
+	for i, e := range bad {
+		e.Reason = scrub(e.Reason, secrets)
+		errs[i] = e
+	}
 	return errors.Join(errs...)
 }
 
@@ -1138,6 +1154,8 @@ func checkPostgresURL(s string) error {
 	}
 	kv := parseKeyValue(s)
 	switch {
+	case kv.failAt < 0 && strings.IndexByte(s, 0) >= 0:
+		return errors.New("contains a NUL byte")
 	case kv.failAt < 0:
 		return nil
 	case kv.pairs == 0:
@@ -1227,12 +1245,21 @@ func checkLibpqURL(rest string) string {
 		}
 	}
 	if strings.HasPrefix(p, "?") {
-		for n, pair := range strings.Split(p[1:], "&") {
+		// As libpq: pairs are read while text is left, so "?" and a
+		// trailing "&" are fine.
+		params := p[1:]
+		for n := 1; params != ""; n++ {
+			pair := params
+			if i := strings.IndexByte(params, '&'); i >= 0 {
+				pair, params = params[:i], params[i+1:]
+			} else {
+				params = ""
+			}
 			if strings.Count(pair, "=") != 1 {
-				return fmt.Sprintf("query parameter %d is not key=value (one '=')", n+1)
+				return fmt.Sprintf("query parameter %d is not key=value (one '=')", n)
 			}
 			if !validPercentEncoding(pair) {
-				return fmt.Sprintf("query parameter %d has a %% that is not followed by two hex digits", n+1)
+				return fmt.Sprintf("query parameter %d has a %% that is not followed by two hex digits", n)
 			}
 		}
 	}

@@ -146,7 +146,8 @@ var schemeAnywhereRE = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://`)
 //     sslpassword, and names containing pass, pwd, secret, token, key, auth,
 //     signature or credential. A URL net/url and libpq read differently, or
 //     cannot read (an unescaped '@', '/', '?' or '#' in the password, a bad
-//     port), is masked from the first ':' after the scheme to its last '@'
+//     port), or with an '@' besides the one ending the user info (even in a
+//     query value: it may end a password that was not escaped), is masked from the first ':' after the scheme to its last '@'
 //     (the user name is kept), and every parameter of a secret name anywhere
 //     in it is masked.
 //   - key=value pairs with libpq's quoting rules (single quotes, backslash
@@ -226,10 +227,6 @@ func maskSpans(s string, spans []span) (string, []string) {
 	return b.String(), secrets
 }
 
-func inSpans(i int, spans []span) bool {
-	return slices.ContainsFunc(spans, func(sp span) bool { return i >= sp.start && i < sp.end })
-}
-
 // secretKey reports whether a connection-string parameter of this name holds
 // a secret. The paths of key and password files (sslkey, passfile) do not.
 func secretKey(name string) bool {
@@ -272,8 +269,8 @@ func urlSecretSpans(s string, off int) []span {
 // exactURLSpans returns the secret spans of a URL whose parts net/url and
 // libpq agree on: net/url parses it, it has no '#', the user info ends at
 // the same '@' for both (net/url takes the last '@' before the path, libpq
-// the first '@' before a '/'), and no other '@' sits outside the query. It
-// reports false for anything else.
+// the first '@' before a '/'), and it has no other '@'. It reports false for
+// anything else.
 func exactURLSpans(s string, off int) ([]span, bool) {
 	rest := s[off:]
 	if strings.Contains(rest, "#") {
@@ -291,16 +288,16 @@ func exactURLSpans(s string, off int) ([]span, bool) {
 	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
 		pgAt = i
 	}
-	if urlAt != pgAt || (urlAt < 0 && strings.Contains(rest, "@")) {
+	// Any other '@' may end a password that was not escaped, wherever it
+	// sits (postgres://u:@pass?word@host is host "pass" and query
+	// "word@host" to both parsers).
+	if urlAt != pgAt || strings.Count(rest, "@") != min(1, urlAt+1) {
 		return nil, false
 	}
 	tail := rest[urlAt+1:]
 	qi := strings.IndexByte(tail, '?')
 	if qi < 0 {
 		qi = len(tail)
-	}
-	if strings.Contains(tail[:qi], "@") {
-		return nil, false
 	}
 	var spans []span
 	if urlAt >= 0 {
@@ -317,16 +314,15 @@ func exactURLSpans(s string, off int) ([]span, bool) {
 
 // looseURLSpans masks a URL that does not parse cleanly: the value of every
 // parameter of a secret name, wherever it sits (pairs split at '?', '&' and
-// ';'), and everything from the scheme to the last '@' outside those values
-// but the user name (up to the first ':').
+// ';'), and everything from the first ':' after the scheme to the last '@'
+// (the user name before the ':' is kept). The last '@' may be in a query
+// value; masking the host then is the price of never showing a part of a
+// password that held "?password=…@".
 func looseURLSpans(s string, off int) []span {
 	spans := shiftSpans(querySpans(s[off:], "?&;"), off)
-	at := -1
-	for i := len(s) - 1; i >= off; i-- {
-		if s[i] == '@' && !inSpans(i, spans) {
-			at = i
-			break
-		}
+	at := strings.LastIndexByte(s[off:], '@')
+	if at >= 0 {
+		at += off
 	}
 	if at < 0 {
 		return spans
@@ -399,9 +395,6 @@ func parseKeyValue(s string) kvResult {
 		r.reason = where + ": " + fmt.Sprintf(format, args...)
 		return r
 	}
-	if strings.IndexByte(s, 0) >= 0 {
-		return fail(0, "", "contains a NUL byte")
-	}
 	lastKey := ""
 	for i := skipKVSpace(s, 0); i < len(s); {
 		eq := strings.IndexByte(s[i:], '=')
@@ -416,27 +409,9 @@ func parseKeyValue(s string) kvResult {
 			return fail(i, lastKey, "text is not key=value (quote a value that has spaces: key='a b')")
 		}
 		start := skipKVSpace(s, i+eq+1)
-		end := start
-		if start < len(s) && s[start] == '\'' {
-			k := start + 1
-			for k < len(s) && s[k] != '\'' {
-				if s[k] == '\\' {
-					k++
-				}
-				k++
-			}
-			if k >= len(s) {
-				return fail(start, key, "the quoted value of key %q has no closing quote", key)
-			}
-			end = k + 1
-		} else {
-			for end < len(s) && !isKVSpace(s[end]) {
-				if s[end] == '\\' {
-					end++
-				}
-				end++
-			}
-			end = min(end, len(s))
+		end, ok := scanKVValue(s, start)
+		if !ok {
+			return fail(start, key, "the quoted value of key %q has no closing quote", key)
 		}
 		if secretKey(key) {
 			r.spans = append(r.spans, span{start, end})
@@ -446,6 +421,34 @@ func parseKeyValue(s string) kvResult {
 		i = skipKVSpace(s, end)
 	}
 	return r
+}
+
+// scanKVValue returns the end of the libpq value that starts at s[start]: a
+// single-quoted string (backslash escapes inside) or a word (a backslash
+// escapes the next byte, a space included). ok is false for a quote that is
+// not closed; end is then len(s).
+func scanKVValue(s string, start int) (end int, ok bool) {
+	if start < len(s) && s[start] == '\'' {
+		k := start + 1
+		for k < len(s) && s[k] != '\'' {
+			if s[k] == '\\' {
+				k++
+			}
+			k++
+		}
+		if k >= len(s) {
+			return len(s), false
+		}
+		return k + 1, true
+	}
+	end = start
+	for end < len(s) && !isKVSpace(s[end]) {
+		if s[end] == '\\' {
+			end++
+		}
+		end++
+	}
+	return min(end, len(s)), true
 }
 
 // textSecretSpans masks the secrets in free text: URLs, the values of
@@ -464,27 +467,28 @@ func textSecretSpans(s string) []span {
 			end++
 		}
 		word := s[i:end]
+		key, vstart := "", -1 // a key=value or key = value here
+		if eq := strings.IndexByte(word, '='); eq >= 0 {
+			key, vstart = word[:eq], i+eq+1
+		} else if j := skipKVSpace(s, end); j < len(s) && s[j] == '=' {
+			key, vstart = word, j+1
+		}
+		key = strings.TrimLeft(key, "`'\"([{<")
 		switch loc := schemeAnywhereRE.FindStringIndex(word); {
-		case loc != nil:
+		case loc != nil && vstart < 0:
 			spans = append(spans, shiftSpans(urlSecretSpans(word[loc[0]:], loc[1]-loc[0]), i+loc[0])...)
 			afterSecret = false
-		case strings.Contains(word, "="):
-			eq := strings.IndexByte(word, '=')
-			key := strings.TrimLeft(word[:eq], "`'\"([{<")
+		case vstart >= 0:
 			afterSecret = secretKey(key)
-			if afterSecret {
-				vstart := i + eq + 1
-				vend := end
-				if vstart < len(s) && s[vstart] == '\'' {
-					if q := strings.IndexByte(s[vstart+1:], '\''); q >= 0 {
-						vend = max(vend, vstart+1+q+1)
-					} else {
-						vend = len(s)
-					}
-				}
-				spans = append(spans, span{vstart, vend})
-				end = vend
+			if !afterSecret {
+				break
 			}
+			if eq := strings.IndexByte(word, '='); eq < 0 || vstart == end {
+				vstart = skipKVSpace(s, vstart) // key = value, key= value
+			}
+			vend, _ := scanKVValue(s, vstart)
+			spans = append(spans, span{vstart, vend})
+			end = max(end, vend)
 		case afterSecret:
 			spans = append(spans, span{i, end})
 		}

