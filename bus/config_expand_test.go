@@ -28,6 +28,8 @@ inbox:
 relay:
   lease: ${LEASE}
 kafka:
+  tls:
+    enable: ${TLS}
   client_id: null$$
   sasl:
     mechanism: PLAIN
@@ -43,6 +45,7 @@ kafka:
 		"USER_NAME":             "svc",
 		"TOPIC":                 "payments",
 		"LEASE":                 "45s",
+		"TLS":                   "true",
 		"KAFKA_PASSWORD":        "null",
 		"OMNIBUS_KAFKA_BROKERS": "k:9092",
 	}))
@@ -55,6 +58,7 @@ kafka:
 	assert.Equal(t, "svc", cfg.Redis.Username, "quoted values are expanded too")
 	assert.Equal(t, []string{"payments", "orders"}, cfg.Inbox.Topics)
 	assert.Equal(t, 45*time.Second, cfg.Relay.Lease)
+	assert.True(t, cfg.Kafka.TLS.Enable, "a boolean key gets a boolean")
 	assert.Equal(t, "null$", cfg.Kafka.ClientID)
 	assert.Equal(t, "null", cfg.Kafka.SASL.Password, `a string key keeps "null" as a string`)
 }
@@ -141,4 +145,11 @@ func TestLoadConfig_AnAliasedValueIsExpandedOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a", "$b"}, cfg.Inbox.Topics)
 	assert.Equal(t, []string{"a", "$b"}, cfg.Postgres.QueueGroups)
+}
+
+func TestLoadConfig_KeysAreNotExpanded(t *testing.T) {
+	t.Parallel()
+	_, err := loadConfig(writeFile(t, "${BROKER_KEY}: kafka\n"), env(map[string]string{"BROKER_KEY": "broker"}))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "${BROKER_KEY} (line 1): field ${BROKER_KEY} not found")
 }

@@ -21,13 +21,14 @@ const Redacted = "REDACTED"
 // tagged secret (passwords), the password and secret parameters inside a
 // connection string (postgres.url, observability.otlp_endpoint),
 // credentials written into any other key by mistake (a redis.addr given as
-// redis://user:password@host), and values the file took from variables
-// whose names say secret (see ParseConfigEnv). Empty secrets stay empty, so a printed config
+// redis://user:password@host), a secret copied into another key, and values
+// the file took from variables whose names say secret (see ParseConfigEnv). Empty secrets stay empty, so a printed config
 // shows whether a secret is set.
 func (c Config) Redacted() Config {
 	c.Kafka.Brokers = slices.Clone(c.Kafka.Brokers)
 	c.Inbox.Topics = slices.Clone(c.Inbox.Topics)
 	c.Postgres.QueueGroups = slices.Clone(c.Postgres.QueueGroups)
+	secrets := append(c.secretValues(), c.expandedSecrets...)
 	walkConfig(reflect.ValueOf(&c).Elem(), "", func(_ string, f reflect.StructField, v reflect.Value) {
 		switch {
 		case f.Tag.Get("secret") == "true":
@@ -37,10 +38,10 @@ func (c Config) Redacted() Config {
 		case f.Tag.Get("secret") == "dsn":
 			v.SetString(RedactDSN(v.String()))
 		case v.Kind() == reflect.String:
-			v.SetString(scrub(redactValue(v.String()), c.expandedSecrets))
+			v.SetString(scrub(redactValue(v.String()), secrets))
 		case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
 			for i := range v.Len() {
-				v.Index(i).SetString(scrub(redactValue(v.Index(i).String()), c.expandedSecrets))
+				v.Index(i).SetString(scrub(redactValue(v.Index(i).String()), secrets))
 			}
 		}
 	})

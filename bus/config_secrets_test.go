@@ -82,6 +82,8 @@ func TestConfig_SecretNeverShownInOutputOrValidationErrors(t *testing.T) {
 			Config{Postgres: PostgresConfig{URL: "postgres://u:pct%zzsecret@h/db"}}, true},
 		{"postgres.url not a connection string at all", "bareword5ecret",
 			Config{Postgres: PostgresConfig{URL: "bareword5ecret"}}, true},
+		{"a secret copied into another key", "dupl1cated-s3cret",
+			Config{Broker: "dupl1cated-s3cret", Redis: RedisConfig{Password: "dupl1cated-s3cret"}}, true},
 		{"redis.password", `re"dis@pw`,
 			Config{Redis: RedisConfig{Password: `re"dis@pw`}}, false},
 		{"redis.addr given as a URL with credentials", "addrsecret",
