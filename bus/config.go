@@ -376,10 +376,11 @@ type ObservabilityConfig struct {
 	OTLPEndpoint string `yaml:"otlp_endpoint" secret:"dsn"`
 }
 
-// LoadConfig reads the YAML file at path (none when path is ""), then applies
-// the OMNIBUS_* environment variables, which win over the file, fills in the
+// LoadConfig reads the YAML file at path (none when path is ""), expanding
+// the ${VAR} and $VAR of its values (see ParseConfigEnv), then applies the
+// OMNIBUS_* environment variables, which win over the file, fills in the
 // defaults and validates the result. Every error wraps ErrInvalidConfig and
-// names the key at fault.
+// names the key at fault; none shows a secret.
 //
 // An environment variable's name is OMNIBUS_ followed by the key's dotted
 // path in upper case with underscores: postgres.url is OMNIBUS_POSTGRES_URL,
