@@ -936,7 +936,11 @@ var (
 // defaults and are valid), joined; each is a *ConfigError naming the key and,
 // where there is a list, the accepted values. It checks what can be known
 // without connecting: required keys of the selected broker, enumerations,
-// ranges, table names, addresses.
+// ranges (numbers up to what they are stored in: MaxAttemptsLimit,
+// MaxPostgresConns, MaxRelayBatchSize, MaxRelayRunLength), table names and
+// the names of the objects each table brings (no two tables may need the
+// same), postgres.url with the driver's grammar, addresses. Its messages
+// quote values redacted and never show a secret of c.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error

@@ -37,8 +37,10 @@ const (
 // Limits of InboxIngestConfig: Validate refuses larger values. BatchSize ×
 // Writers is the capacity of the ingest's request queue.
 const (
+	// MaxIngestBatchSize bounds BatchSize.
 	MaxIngestBatchSize = 10_000
-	MaxIngestWriters   = 256
+	// MaxIngestWriters bounds Writers.
+	MaxIngestWriters = 256
 )
 
 // ErrIngestClosed is returned (transient) for messages that arrive after the

@@ -51,8 +51,11 @@ const (
 // size queues and statements, and would exhaust memory long before they
 // helped throughput).
 const (
-	MaxBatchSize   = bus.MaxRelayBatchSize
-	MaxRunLength   = bus.MaxRelayRunLength
+	// MaxBatchSize bounds BatchSize (relay.batch_size in bus.Config).
+	MaxBatchSize = bus.MaxRelayBatchSize
+	// MaxRunLength bounds RunLength (relay.run_length in bus.Config).
+	MaxRunLength = bus.MaxRelayRunLength
+	// MaxSettleBatch bounds SettleBatch (the settlement queue holds four times as many).
 	MaxSettleBatch = 10_000
 )
 

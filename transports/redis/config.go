@@ -47,10 +47,14 @@ const (
 // larger values. They size queues (BatchSize × Pipelines) and reads; beyond
 // them a value only exhausts memory.
 const (
+	// MaxPublishBatchSize bounds PublisherConfig.BatchSize.
 	MaxPublishBatchSize = 10_000
+	// MaxPublishPipelines bounds PublisherConfig.Pipelines.
 	MaxPublishPipelines = 64
-	MaxBatchSize        = 10_000
-	MaxMaxInFlight      = 100_000
+	// MaxBatchSize bounds SubscriberConfig.BatchSize (the COUNT of a read).
+	MaxBatchSize = 10_000
+	// MaxMaxInFlight bounds SubscriberConfig.MaxInFlight.
+	MaxMaxInFlight = 100_000
 )
 
 // ConfigError reports an invalid configuration field.
