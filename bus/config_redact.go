@@ -104,14 +104,26 @@ func (c Config) secretValues() []string {
 // without hiding anything.
 const minScrubLength = 4
 
-// scrub replaces every secret (of at least minScrubLength bytes) in msg with
-// Redacted, the longest first so that a secret containing another is masked
-// whole.
+// configWords are words of the configuration itself (broker names, default
+// names, enumerations). A development password is often one of them
+// (postgres://postgres:postgres@…): scrub leaves them alone, or every
+// message and printed config would lose the word, hiding nothing.
+var configWords = map[string]bool{
+	BrokerMemory: true, BrokerPostgres: true, BrokerKafka: true, BrokerRedis: true, "postgresql": true,
+	DefaultOutboxTable: true, DefaultInboxTable: true, DefaultQueueTable: true, DefaultConsumerGroup: true,
+	"public": true, "oldest": true, "newest": true, "none": true, "skip": true,
+	"block": true, "debug": true, "info": true, "warn": true, "error": true, "text": true, "json": true,
+	TracesOTLP: true, "PLAIN": true, "SCRAM-SHA-256": true, "SCRAM-SHA-512": true, "true": true, "false": true,
+}
+
+// scrub replaces every secret (of at least minScrubLength bytes, and not a
+// word of the configuration) in msg with Redacted, the longest first so that
+// a secret containing another is masked whole.
 func scrub(msg string, secrets []string) string {
 	secrets = slices.Clone(secrets)
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	for _, s := range secrets {
-		if len(s) >= minScrubLength {
+		if len(s) >= minScrubLength && !configWords[s] {
 			msg = strings.ReplaceAll(msg, s, Redacted)
 		}
 	}
@@ -148,9 +160,9 @@ var schemeAnywhereRE = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://`)
 //     signature or credential. A URL net/url and libpq read differently, or
 //     cannot read (an unescaped '@', '/', '?' or '#' in the password, a bad
 //     port), or with an '@' besides the one ending the user info (even in a
-//     query value: it may end a password that was not escaped), is masked from the first ':' after the scheme to its last '@'
-//     (the user name is kept), and every parameter of a secret name anywhere
-//     in it is masked.
+//     query value: it may end a password that was not escaped), is masked
+//     from the first ':' after the scheme to its last '@' (the user name is
+//     kept), and every parameter of a secret name anywhere in it is masked.
 //   - key=value pairs with libpq's quoting rules (single quotes, backslash
 //     escapes, spaces around '='): the value of every key of a secret name.
 //     The text from where the pairs stop parsing to the end is masked (a

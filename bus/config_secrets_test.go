@@ -155,3 +155,14 @@ func TestLoadConfig_SecretNeverShownInLoadErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestConfig_ADevelopmentPasswordThatIsAConfigWordIsNotScrubbedEverywhere:
+// postgres://postgres:postgres@… must not turn "broker: postgres" into
+// "broker: REDACTED"; the password itself is still masked.
+func TestConfig_ADevelopmentPasswordThatIsAConfigWordIsNotScrubbedEverywhere(t *testing.T) {
+	t.Parallel()
+	c := Config{Broker: BrokerPostgres, Postgres: PostgresConfig{URL: "postgres://postgres:postgres@localhost:5432/app"}}
+	out := c.String()
+	assert.Contains(t, out, "broker: postgres")
+	assert.Contains(t, out, "url: postgres://postgres:REDACTED@localhost:5432/app")
+}
