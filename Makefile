@@ -3,7 +3,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all demo test test-short services lint fmt vet bench soak build
+.PHONY: all demo test test-short services lint fmt vet bench soak build fuzz
 
 all: build
 
@@ -46,3 +46,10 @@ bench:
 ## soak: long-running stand tests (build tag soak; OMNIBUS_SOAK_DURATION, default 3m)
 soak: services
 	$(GO) test -race -count=1 -tags soak -run Soak -timeout 60m -v ./...
+
+## fuzz: every Fuzz* target of every package (discovered with go test -list), each for
+## FUZZ_TIME (default 1m); FUZZ_PKGS narrows the packages (default ./...)
+FUZZ_TIME ?= 1m
+FUZZ_PKGS ?= ./...
+fuzz:
+	FUZZ_TIME=$(FUZZ_TIME) GO=$(GO) bash scripts/fuzz.sh $(FUZZ_PKGS)

@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -76,6 +75,33 @@ const (
 	MetricsOff = "-"
 )
 
+// Limits of Config's numbers: what the columns, pools and queues they end up
+// in can hold. Validate refuses a larger value, naming the key and the limit.
+const (
+	// MaxAttemptsLimit bounds every attempt budget: outbox.max_attempts,
+	// inbox.max_attempts, the transports' MaxAttempts and the budget a
+	// message sets for itself (postgres.SetMaxAttempts). The column is an
+	// int32; a budget this large already means "retry for days".
+	MaxAttemptsLimit = 1000
+	// MaxPostgresConns bounds postgres.max_conns (the pool size is an
+	// int32; PostgreSQL's max_connections is rarely in the thousands).
+	MaxPostgresConns = 10_000
+	// MaxRelayBatchSize bounds relay.batch_size (keys one fetch takes).
+	MaxRelayBatchSize = 10_000
+	// MaxRelayRunLength bounds relay.run_length (rows of one key one fetch takes).
+	MaxRelayRunLength = 1_000
+)
+
+// tableObjectSuffixes name the objects the postgres migrations create for a
+// table T in its schema: T itself, T_lanes, their indexes, sequences,
+// functions, triggers and constraints. Two configured tables must not share
+// any of these names (a test keeps the list in step with the migrations).
+var tableObjectSuffixes = []string{"",
+	"_lanes", "_lanes_pkey", "_lanes_ready_idx", "_pkey", "_id_seq",
+	"_event_uidx", "_message_uidx", "_fetch_idx", "_key_idx", "_failed_idx", "_completed_idx",
+	"_lane_fn", "_lane_trg", "_notify_fn", "_notify_trg", "_status_check", "_max_attempts_check",
+}
+
 const (
 	envPrefix = "OMNIBUS_"
 	// maxTableNameLength is PostgreSQL's 63-byte identifier limit less the
@@ -138,6 +164,11 @@ type Config struct {
 	Relay RelayConfig `yaml:"relay"`
 	// Observability configures logs and the metrics endpoint.
 	Observability ObservabilityConfig `yaml:"observability"`
+
+	// expandedSecrets are the values ParseConfigEnv took from variables
+	// whose names say secret: errors and printing hide them wherever they
+	// landed.
+	expandedSecrets []string
 }
 
 // PostgresConfig is the database connection.
@@ -353,10 +384,11 @@ type ObservabilityConfig struct {
 	OTLPEndpoint string `yaml:"otlp_endpoint" secret:"dsn"`
 }
 
-// LoadConfig reads the YAML file at path (none when path is ""), then applies
-// the OMNIBUS_* environment variables, which win over the file, fills in the
+// LoadConfig reads the YAML file at path (none when path is ""), expanding
+// the ${VAR} and $VAR of its values (see ParseConfigEnv), then applies the
+// OMNIBUS_* environment variables, which win over the file, fills in the
 // defaults and validates the result. Every error wraps ErrInvalidConfig and
-// names the key at fault.
+// names the key at fault; none shows a secret.
 //
 // An environment variable's name is OMNIBUS_ followed by the key's dotted
 // path in upper case with underscores: postgres.url is OMNIBUS_POSTGRES_URL,
@@ -368,13 +400,22 @@ func LoadConfig(path string) (Config, error) {
 }
 
 func loadConfig(path string, lookup func(string) (string, bool)) (Config, error) {
-	var cfg Config
+	var data []byte
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
 			return Config{}, &ConfigError{Reason: fmt.Sprintf("read config file: %v", err)}
 		}
-		if cfg, err = ParseConfig(data); err != nil {
+	}
+	return loadConfigData(path, data, lookup)
+}
+
+// loadConfigData is LoadConfig of a file's content (none when path is "").
+func loadConfigData(path string, data []byte, lookup func(string) (string, bool)) (Config, error) {
+	var cfg Config
+	if path != "" {
+		var err error
+		if cfg, err = ParseConfigEnv(data, lookup); err != nil {
 			return Config{}, fmt.Errorf("%s: %w", path, err)
 		}
 	}
@@ -388,17 +429,299 @@ func loadConfig(path string, lookup func(string) (string, bool)) (Config, error)
 	return cfg, nil
 }
 
-// ParseConfig decodes a YAML document into a Config. Unknown keys are an
+// ParseConfig decodes a YAML document into a Config, expanding the
+// environment variables (os.LookupEnv) its values name; see ParseConfigEnv.
+// Defaults are not applied and nothing is validated.
+func ParseConfig(data []byte) (Config, error) {
+	return ParseConfigEnv(data, os.LookupEnv)
+}
+
+// ParseConfigEnv decodes a YAML document into a Config. Unknown keys are an
 // error (a misspelled key must not be ignored silently). Defaults are not
 // applied and nothing is validated.
-func ParseConfig(data []byte) (Config, error) {
+//
+// In every value (not in keys or comments), ${NAME} and $NAME are replaced by
+// the variable lookup finds, as text: the value may hold any character,
+// YAML's included, and a number key gets a number. $$ is a literal $, and a $
+// not followed by a letter, _ or { is kept as it is. A variable that is not
+// set is an error naming it, the key and the line (a variable set to "" gives
+// ""), and so is a ${ without a name and its closing }. A value from a
+// variable whose name says secret (PASSWORD, TOKEN, KEY, …), or put into a
+// secret key, is treated as a secret wherever it lands: errors and printing
+// never show it.
+func ParseConfigEnv(data []byte, lookup func(string) (string, bool)) (Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		msg := nameYAMLKeys(data, strings.TrimPrefix(err.Error(), "yaml: "))
+		return Config{}, &ConfigError{Reason: "parse YAML: " + hideAnchorNames(msg)}
+	}
+	if len(root.Content) == 0 {
+		return Config{}, nil // an empty document
+	}
+	doc := root.Content[0]
+	var problems []string
+	checkKnownKeys(doc, reflect.TypeFor[Config](), "", map[*yaml.Node]bool{}, &problems)
+	x := expander{lookup: lookup, keys: configKeyFields(), seen: map[*yaml.Node]bool{}, lines: map[int]bool{}}
+	x.walk(doc, "")
+
 	var cfg Config
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, &ConfigError{Reason: "parse YAML: " + nameYAMLKeys(data, strings.TrimPrefix(err.Error(), "yaml: "))}
+	if err := doc.Decode(&cfg); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			for _, m := range te.Errors {
+				problems = append(problems, x.hideExpandedValues(m))
+			}
+		} else {
+			problems = append(problems, strings.TrimPrefix(err.Error(), "yaml: "))
+		}
+	}
+	cfg.expandedSecrets = x.secrets
+	secrets := append(cfg.secretValues(), x.secrets...)
+	var errs []error
+	if len(problems) > 0 {
+		msg := nameYAMLKeys(data, strings.Join(problems, "; "))
+		errs = append(errs, &ConfigError{Reason: "parse YAML: " + scrub(hideAnchorNames(msg), secrets)})
+	}
+	errs = append(errs, x.errs...)
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// checkKnownKeys reports the keys of the mapping n that the struct t has no
+// field for, as yaml's KnownFields does ("KEY (line N): field X not found in
+// type T"), and descends into the fields that are structs. Merge keys (<<)
+// are checked against t too.
+func checkKnownKeys(n *yaml.Node, t reflect.Type, prefix string, seen map[*yaml.Node]bool, problems *[]string) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if seen[n] {
+		return
+	}
+	seen[n] = true
+	switch n.Kind {
+	case yaml.SequenceNode: // the value of a merge key: a list of mappings
+		for _, item := range n.Content {
+			checkKnownKeys(item, t, prefix, seen, problems)
+		}
+		return
+	case yaml.MappingNode:
+	default:
+		return // a scalar where a mapping belongs: Decode reports it
+	}
+	fields := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); name != "" && name != "-" {
+			fields[name] = t.Field(i).Type
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.ShortTag() == "!!merge" {
+			checkKnownKeys(v, t, prefix, seen, problems)
+			continue
+		}
+		key := k.Value
+		if prefix != "" {
+			key = prefix + "." + k.Value
+		}
+		ft, ok := fields[k.Value]
+		if !ok {
+			*problems = append(*problems, fmt.Sprintf("%s (line %d): field %s not found in type %s", key, k.Line, k.Value, t))
+			continue
+		}
+		if ft.Kind() == reflect.Struct && ft != reflect.TypeFor[time.Duration]() {
+			checkKnownKeys(v, ft, key, seen, problems)
+		}
+	}
+}
+
+// keyField is what the expander needs to know of a configuration key.
+type keyField struct {
+	typ    reflect.Type
+	secret bool
+}
+
+// configKeyFields maps every dotted key to its field.
+func configKeyFields() map[string]keyField {
+	out := map[string]keyField{}
+	var c Config
+	walkConfig(reflect.ValueOf(&c).Elem(), "", func(key string, f reflect.StructField, _ reflect.Value) {
+		out[key] = keyField{typ: f.Type, secret: f.Tag.Get("secret") != ""}
+	})
+	return out
+}
+
+// expander expands the environment variables in the values of a YAML tree.
+type expander struct {
+	lookup  func(string) (string, bool)
+	keys    map[string]keyField
+	seen    map[*yaml.Node]bool
+	lines   map[int]bool // lines of values that were expanded
+	secrets []string     // expanded values to be kept secret
+	errs    []error
+}
+
+// walk expands the scalar values under n, whose dotted key is key. Each node
+// is expanded once, however many aliases point to it.
+func (x *expander) walk(n *yaml.Node, key string) {
+	if n.Kind == yaml.AliasNode || x.seen[n] {
+		return
+	}
+	x.seen[n] = true
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			child := k.Value
+			if k.ShortTag() == "!!merge" {
+				child = key
+			} else if key != "" {
+				child = key + "." + k.Value
+			}
+			x.walk(v, child)
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			x.walk(item, fmt.Sprintf("%s[%d]", key, i))
+		}
+	case yaml.ScalarNode:
+		x.scalar(n, key)
+	}
+}
+
+func (x *expander) scalar(n *yaml.Node, key string) {
+	if !strings.Contains(n.Value, "$") {
+		return
+	}
+	// A list item ("inbox.topics[1]") has the field of its list.
+	listKey, _, _ := strings.Cut(key, "[")
+	field, known := x.keys[listKey]
+	out, used, problem := expandVars(n.Value, x.lookup, field.secret)
+	if problem != "" {
+		x.errs = append(x.errs, &ConfigError{Field: key, Reason: fmt.Sprintf("line %d: %s", n.Line, problem)})
+		return
+	}
+	for _, u := range used {
+		if field.secret || secretKey(u.name) {
+			x.secrets = append(x.secrets, u.value)
+		}
+	}
+	if out == n.Value {
+		return
+	}
+	x.lines[n.Line] = true
+	n.Value = out
+	// A value expanded into a string key stays a string ("null", "0x10"); in
+	// any other key it is read as if it had been written in the file.
+	isString := known && (field.typ.Kind() == reflect.String || field.typ.Kind() == reflect.Slice)
+	if n.Style&yaml.TaggedStyle == 0 {
+		if isString {
+			n.Tag = "!!str"
+		} else {
+			n.Tag = ""
+		}
+	}
+}
+
+var yamlQuotedValueRE = regexp.MustCompile("`[^`]*`")
+
+// hideExpandedValues drops the value yaml quotes in a decoding error when it
+// came from the environment (it may be a secret put in the wrong key).
+func (x *expander) hideExpandedValues(msg string) string {
+	m := yamlLineRE.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	if line, _ := strconv.Atoi(m[1]); !x.lines[line] {
+		return msg
+	}
+	return yamlQuotedValueRE.ReplaceAllLiteralString(msg, "(a value from the environment)")
+}
+
+// expandedVar is a variable a value used.
+type expandedVar struct{ name, value string }
+
+// expandVars expands ${NAME} and $NAME in s (NAME: a letter or _, then
+// letters, digits and _), $$ to $, and keeps any other $. It returns the
+// result and the variables used, or a problem: an unset variable (named,
+// unless inSecret and written $NAME: then the name may be part of a password
+// that needed $$) or a ${ without a name and its closing }.
+func expandVars(s string, lookup func(string) (string, bool), inSecret bool) (string, []expandedVar, string) {
+	var b strings.Builder
+	var used []expandedVar
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		var name string
+		braced := false
+		switch next := s[i+1]; {
+		case next == '$':
+			b.WriteByte('$')
+			i++
+			continue
+		case next == '{':
+			end := strings.IndexByte(s[i+2:], '}')
+			if end < 0 || !isVarName(s[i+2:i+2+end]) {
+				return "", nil, "a ${ without a variable name and its closing } (write ${NAME}, or $$ for a literal $)"
+			}
+			name, braced = s[i+2:i+2+end], true
+			i += 2 + end
+		case next == '_' || 'A' <= next && next <= 'Z' || 'a' <= next && next <= 'z':
+			j := i + 1
+			for j < len(s) && isVarByte(s[j]) {
+				j++
+			}
+			name = s[i+1 : j]
+			i = j - 1
+		default:
+			b.WriteByte('$')
+			continue
+		}
+		value, ok := lookup(name)
+		if !ok {
+			switch {
+			case braced:
+				return "", nil, fmt.Sprintf("${%s} is not set (set the variable, or write $$ for a literal $)", name)
+			case inSecret:
+				return "", nil, "a $NAME in this secret value is not set; the name is not shown, it may be part of the secret (set the variable, or write $$ for a literal $)"
+			default:
+				return "", nil, fmt.Sprintf("$%s is not set (set the variable, or write $$ for a literal $)", name)
+			}
+		}
+		used = append(used, expandedVar{name: name, value: value})
+		b.WriteString(value)
+	}
+	return b.String(), used, ""
+}
+
+func isVarByte(c byte) bool {
+	return c == '_' || 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9'
+}
+
+func isVarName(s string) bool {
+	if s == "" || '0' <= s[0] && s[0] <= '9' {
+		return false
+	}
+	for i := range len(s) {
+		if !isVarByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+var yamlAnchorRE = regexp.MustCompile(`anchor '[^']*'`)
+
+// hideAnchorNames drops the names from YAML's anchor errors: an unquoted
+// value that starts with '*' (a password, say) is read as an alias, and the
+// error would quote the rest of it.
+func hideAnchorNames(msg string) string {
+	return yamlAnchorRE.ReplaceAllLiteralString(msg, "anchor (an unquoted value starting with * or & is an alias or anchor: quote it)")
 }
 
 var yamlLineRE = regexp.MustCompile(`line (\d+): `)
@@ -443,17 +766,28 @@ func nameYAMLKeys(data []byte, msg string) string {
 // (os.LookupEnv in LoadConfig). A variable set to "" sets the key to its zero
 // value, which means its default.
 func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
-	var errs []error
-	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, _ reflect.StructField, v reflect.Value) {
+	var bad []*ConfigError
+	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, f reflect.StructField, v reflect.Value) {
 		name := EnvName(key)
 		raw, ok := lookup(name)
 		if !ok {
 			return
 		}
 		if err := setFromString(v, raw); err != nil {
-			errs = append(errs, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%q: %v", name, raw, err)})
+			shown := strconv.Quote(redactValue(raw))
+			if f.Tag.Get("secret") != "" {
+				shown = "(value not shown)"
+			}
+			bad = append(bad, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%s: %v", name, shown, err)})
 		}
 	})
+	// The secrets are known once every variable is applied.
+	secrets := append(c.secretValues(), c.expandedSecrets...)
+	errs := make([]error, len(bad))
+	for i, e := range bad {
+		e.Reason = scrub(e.Reason, secrets)
+		errs[i] = e
+	}
 	return errors.Join(errs...)
 }
 
@@ -610,21 +944,37 @@ var (
 // defaults and are valid), joined; each is a *ConfigError naming the key and,
 // where there is a list, the accepted values. It checks what can be known
 // without connecting: required keys of the selected broker, enumerations,
-// ranges, table names, addresses.
+// ranges (numbers up to what they are stored in: MaxAttemptsLimit,
+// MaxPostgresConns, MaxRelayBatchSize, MaxRelayRunLength), table names and
+// the names of the objects each table brings (no two tables may need the
+// same), postgres.url with the driver's grammar, addresses. Its messages
+// quote values redacted and never show a secret of c.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
+	secrets := append(c.secretValues(), c.expandedSecrets...)
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+		errs = append(errs, &ConfigError{Field: field, Reason: scrub(fmt.Sprintf(format, args...), secrets)})
 	}
+	// show quotes a value for a message, credentials masked: a value that is
+	// not meant to hold a secret may hold one by mistake (redis://u:pw@host).
+	show := func(v string) string { return strconv.Quote(redactValue(v)) }
 	oneOf := func(field, value string, accepted ...string) {
 		if !slices.Contains(accepted, value) {
-			bad(field, "%q is not one of %s", value, strings.Join(accepted, ", "))
+			bad(field, "%s is not one of %s", show(value), strings.Join(accepted, ", "))
 		}
 	}
 	notNegative := func(field string, n int64) {
 		if n < 0 {
 			bad(field, "must not be negative, got %d", n)
+		}
+	}
+	// upTo checks 0 <= n <= limit: the limit is what the value is stored in
+	// (an int32 column, a pool size) or what a sane process can allocate.
+	upTo := func(field string, n, limit int64) {
+		notNegative(field, n)
+		if n > limit {
+			bad(field, "at most %d, got %d", limit, n)
 		}
 	}
 	notNegativeDur := func(field string, d time.Duration) {
@@ -634,23 +984,23 @@ func (c Config) Validate() error {
 	}
 	table := func(field, name string) {
 		if !identRE.MatchString(name) {
-			bad(field, "%q is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", name)
+			bad(field, "%s is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", show(name))
 			return
 		}
 		for part := range strings.SplitSeq(name, ".") {
 			if len(part) > maxTableNameLength {
-				bad(field, "%q: %q is longer than %d bytes (room is left for the suffixes of its lanes table and indexes)", name, part, maxTableNameLength)
+				bad(field, "%s: %s is longer than %d bytes (room is left for the suffixes of its lanes table and indexes)", show(name), show(part), maxTableNameLength)
 			}
 		}
 	}
 	hostPort := func(field, addr string) {
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil || port == "" {
-			bad(field, "%q is not host:port", addr)
+			bad(field, "%s is not host:port", show(addr))
 			return
 		}
 		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			bad(field, "%q: port %q is not a number from 0 to 65535", addr, port)
+			bad(field, "%s: port %s is not a number from 0 to 65535", show(addr), show(port))
 		}
 		_ = host
 	}
@@ -662,7 +1012,7 @@ func (c Config) Validate() error {
 	if err := checkPostgresURL(c.Postgres.URL); err != nil {
 		bad("postgres.url", "%v", err)
 	}
-	notNegative("postgres.max_conns", int64(c.Postgres.MaxConns))
+	upTo("postgres.max_conns", int64(c.Postgres.MaxConns), MaxPostgresConns)
 	table("postgres.queue_table", c.Postgres.QueueTable)
 	for i, g := range c.Postgres.QueueGroups {
 		if strings.TrimSpace(g) == "" {
@@ -670,7 +1020,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if dup := firstDuplicate(c.Postgres.QueueGroups); dup != "" {
-		bad("postgres.queue_groups", "%q is listed twice", dup)
+		bad("postgres.queue_groups", "%s is listed twice", show(dup))
 	}
 
 	// kafka
@@ -681,7 +1031,7 @@ func (c Config) Validate() error {
 		hostPort(fmt.Sprintf("kafka.brokers[%d]", i), b)
 	}
 	if !versionRE.MatchString(c.Kafka.Version) {
-		bad("kafka.version", "%q is not major.minor.patch (for example 2.8.0)", c.Kafka.Version)
+		bad("kafka.version", "%s is not major.minor.patch (for example 2.8.0)", show(c.Kafka.Version))
 	}
 	oneOf("kafka.initial_offset", c.Kafka.InitialOffset, "oldest", "newest")
 	notNegative("kafka.max_in_flight", int64(c.Kafka.MaxInFlight))
@@ -722,17 +1072,32 @@ func (c Config) Validate() error {
 
 	// outbox and inbox
 	table("outbox.table", c.Outbox.Table)
-	notNegative("outbox.max_attempts", int64(c.Outbox.MaxAttempts))
+	upTo("outbox.max_attempts", int64(c.Outbox.MaxAttempts), MaxAttemptsLimit)
 	notNegativeDur("outbox.retention", c.Outbox.Retention)
 	table("inbox.table", c.Inbox.Table)
-	if c.Inbox.Table == c.Outbox.Table {
-		bad("inbox.table", "%q is also outbox.table: the outbox and the inbox need tables of their own", c.Inbox.Table)
+	tables := []struct{ field, name string }{
+		{"outbox.table", c.Outbox.Table}, {"inbox.table", c.Inbox.Table}, {"postgres.queue_table", c.Postgres.QueueTable},
 	}
-	if c.Postgres.QueueTable == c.Outbox.Table || c.Postgres.QueueTable == c.Inbox.Table {
-		bad("postgres.queue_table", "%q is also the outbox or inbox table: the postgres broker needs a table of its own", c.Postgres.QueueTable)
+	for _, t := range tables {
+		if tableKey(t.name) == tableKey(migrationsTable) {
+			bad(t.field, "%s is the table of applied migrations", migrationsTable)
+		}
+	}
+	for i, b := range tables {
+		for _, a := range tables[:i] {
+			switch shared := sharedTableObject(a.name, b.name); {
+			case tableKey(a.name) == tableKey(b.name) && b.field == "inbox.table":
+				bad(b.field, "%s is also outbox.table: the outbox and the inbox need tables of their own", show(b.name))
+			case tableKey(a.name) == tableKey(b.name):
+				bad(b.field, "%s is also %s: the postgres broker needs a table of its own", show(b.name), a.field)
+			case shared != "":
+				bad(b.field, "%s collides with %s %s: both need %q (each table brings objects named after it: its lanes table, indexes, functions)",
+					show(b.name), a.field, show(a.name), shared)
+			}
+		}
 	}
 	if strings.TrimSpace(c.Inbox.ConsumerGroup) != c.Inbox.ConsumerGroup {
-		bad("inbox.consumer_group", "%q has leading or trailing spaces", c.Inbox.ConsumerGroup)
+		bad("inbox.consumer_group", "%s has leading or trailing spaces", show(c.Inbox.ConsumerGroup))
 	}
 	for i, t := range c.Inbox.Topics {
 		if strings.TrimSpace(t) == "" {
@@ -740,9 +1105,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if dup := firstDuplicate(c.Inbox.Topics); dup != "" {
-		bad("inbox.topics", "%q is listed twice", dup)
+		bad("inbox.topics", "%s is listed twice", show(dup))
 	}
-	notNegative("inbox.max_attempts", int64(c.Inbox.MaxAttempts))
+	upTo("inbox.max_attempts", int64(c.Inbox.MaxAttempts), MaxAttemptsLimit)
 	notNegativeDur("inbox.retention", c.Inbox.Retention)
 
 	// retry
@@ -753,8 +1118,8 @@ func (c Config) Validate() error {
 	notNegativeDur("retry.transient_delay", c.Retry.TransientDelay)
 
 	// relay
-	notNegative("relay.batch_size", int64(c.Relay.BatchSize))
-	notNegative("relay.run_length", int64(c.Relay.RunLength))
+	upTo("relay.batch_size", int64(c.Relay.BatchSize), MaxRelayBatchSize)
+	upTo("relay.run_length", int64(c.Relay.RunLength), MaxRelayRunLength)
 	notNegativeDur("relay.lease", c.Relay.Lease)
 	if c.Relay.Lease > 0 && c.Relay.Lease < time.Second {
 		bad("relay.lease", "%s is too short: at least 1s", c.Relay.Lease)
@@ -774,8 +1139,10 @@ func (c Config) Validate() error {
 	}
 	oneOf("observability.traces", c.Observability.Traces, TracesOff, TracesOTLP)
 	if e := c.Observability.OTLPEndpoint; e != "" {
+		// The URL is shown redacted, and net/url's error, which quotes it
+		// whole, is not shown at all.
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("observability.otlp_endpoint", "%q is not an http(s) URL such as http://collector:4318/v1/traces", e)
+			bad("observability.otlp_endpoint", "%s is not an http(s) URL such as http://collector:4318/v1/traces", strconv.Quote(RedactDSN(e)))
 		}
 	}
 	return errors.Join(errs...)
@@ -792,22 +1159,180 @@ func firstDuplicate(items []string) string {
 	return ""
 }
 
-// checkPostgresURL accepts a postgres:// or postgresql:// URL or a libpq
-// key=value string; the driver parses it for real when connecting.
+// checkPostgresURL accepts what the PostgreSQL driver accepts: a
+// postgres:// or postgresql:// URL (libpq's grammar, several hosts allowed)
+// or libpq key=value pairs. Its errors show the string only redacted, and
+// never the parts that do not parse (they may be a misplaced password).
 func checkPostgresURL(s string) error {
-	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
-		if _, err := url.Parse(s); err != nil {
-			return fmt.Errorf("not a valid URL: %v", redactErr(err, s))
+	if loc := schemeRE.FindStringIndex(s); loc != nil {
+		if !strings.HasPrefix(s, "postgres://") && !strings.HasPrefix(s, "postgresql://") {
+			scheme := strings.TrimSpace(s[:loc[1]-len("://")])
+			if scheme == "postgres" || scheme == "postgresql" {
+				return errors.New("must start with postgres:// or postgresql://, without spaces before it")
+			}
+			return fmt.Errorf("scheme %q is not postgres or postgresql", scheme)
+		}
+		if why := checkLibpqURL(s[loc[1]:]); why != "" {
+			return fmt.Errorf("%s is not a valid URL: %s", strconv.Quote(RedactDSN(s)), why)
 		}
 		return nil
 	}
-	if strings.Contains(s, "=") {
+	kv := parseKeyValue(s)
+	switch {
+	case kv.failAt < 0 && strings.IndexByte(s, 0) >= 0:
+		return errors.New("contains a NUL byte")
+	case kv.failAt < 0:
 		return nil
+	case kv.pairs == 0:
+		return errors.New("is neither a postgres:// URL nor a key=value connection string (the value is not shown: it may hold a password)")
+	default:
+		return fmt.Errorf("%s is not a valid key=value connection string: %s", strconv.Quote(RedactDSN(s)), kv.reason)
 	}
-	return fmt.Errorf("%q is neither a postgres:// URL nor a key=value connection string", RedactDSN(s))
 }
 
-// redactErr removes s (which may carry a password) from err's text.
-func redactErr(err error, s string) string {
-	return strings.ReplaceAll(err.Error(), s, RedactDSN(s))
+// urlEncodeHint ends the messages about URLs whose user info may hold an
+// unescaped character.
+const urlEncodeHint = " (percent-encode these characters of a user name or password: @ as %40, / as %2F, ? as %3F, # as %23, : as %3A, % as %25)"
+
+// checkLibpqURL checks rest, a connection URL after its "postgres://", with
+// the grammar of libpq (as the PostgreSQL driver implements it): user info up
+// to the first '@' before any '/', a comma-separated list of host[:port]
+// (IPv6 in brackets), /database, ?key=value&…. It returns why the URL is not
+// valid, or "". It also refuses what the driver would take apart in a way
+// nobody means: an '@' in a host or in the database name is the rest of a
+// password with an unescaped '@'.
+func checkLibpqURL(rest string) string {
+	if strings.IndexByte(rest, 0) >= 0 {
+		return "it contains a NUL byte"
+	}
+	p := rest
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		if !validPercentEncoding(p[:i]) {
+			return "the user name or password has a % that is not followed by two hex digits" + urlEncodeHint
+		}
+		p = p[i+1:]
+	}
+	for n := 1; ; n++ {
+		if strings.HasPrefix(p, "[") {
+			end := strings.IndexByte(p, ']')
+			switch {
+			case end < 0:
+				return fmt.Sprintf("host %d: an IPv6 address without its closing ]", n)
+			case end == 1:
+				return fmt.Sprintf("host %d: an empty IPv6 address", n)
+			}
+			p = p[end+1:]
+			if p != "" && !strings.ContainsRune(":/?,", rune(p[0])) {
+				return fmt.Sprintf("host %d: text after the IPv6 address that is not :port", n)
+			}
+		} else {
+			i := strings.IndexAny(p, ":/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			if strings.Contains(p[:i], "@") {
+				return fmt.Sprintf("host %d contains '@'", n) + urlEncodeHint
+			}
+			if !validPercentEncoding(p[:i]) {
+				return fmt.Sprintf("host %d has a %% that is not followed by two hex digits", n)
+			}
+			p = p[i:]
+		}
+		if strings.HasPrefix(p, ":") {
+			p = p[1:]
+			i := strings.IndexAny(p, "/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			if port := p[:i]; port != "" {
+				if pn, err := strconv.ParseUint(port, 10, 16); err != nil || pn == 0 {
+					return fmt.Sprintf("host %d: the port is not a number from 1 to 65535", n) + urlEncodeHint
+				}
+			}
+			p = p[i:]
+		}
+		if !strings.HasPrefix(p, ",") {
+			break
+		}
+		p = p[1:]
+	}
+	if strings.HasPrefix(p, "/") {
+		db := p[1:]
+		p = ""
+		if i := strings.IndexByte(db, '?'); i >= 0 {
+			db, p = db[:i], db[i:]
+		}
+		if strings.Contains(db, "@") {
+			return "the database name contains '@'" + urlEncodeHint
+		}
+		if !validPercentEncoding(db) {
+			return "the database name has a % that is not followed by two hex digits"
+		}
+	}
+	if strings.HasPrefix(p, "?") {
+		// As libpq: pairs are read while text is left, so "?" and a
+		// trailing "&" are fine.
+		params := p[1:]
+		for n := 1; params != ""; n++ {
+			pair := params
+			if i := strings.IndexByte(params, '&'); i >= 0 {
+				pair, params = params[:i], params[i+1:]
+			} else {
+				params = ""
+			}
+			if strings.Count(pair, "=") != 1 {
+				return fmt.Sprintf("query parameter %d is not key=value (one '=')", n)
+			}
+			if !validPercentEncoding(pair) {
+				return fmt.Sprintf("query parameter %d has a %% that is not followed by two hex digits", n)
+			}
+		}
+	}
+	return ""
+}
+
+// validPercentEncoding reports whether every '%' of s starts a %XX escape.
+func validPercentEncoding(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			continue
+		}
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return false
+		}
+		i += 2
+	}
+	return true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// migrationsTable is the table in which the postgres migrations record what
+// they applied, one per schema.
+const migrationsTable = "omnibus_schema_migrations"
+
+// tableKey is the schema-qualified name of a configured table, for
+// comparisons: an unqualified table is in schema public (the default
+// search_path). Names are compared as written: they are quoted in SQL.
+func tableKey(name string) string {
+	if strings.Contains(name, ".") {
+		return name
+	}
+	return "public." + name
+}
+
+// sharedTableObject returns a name (schema-qualified) that the objects of the
+// tables a and b would both take, or "".
+func sharedTableObject(a, b string) string {
+	ka, kb := tableKey(a), tableKey(b)
+	for _, sa := range tableObjectSuffixes {
+		for _, sb := range tableObjectSuffixes {
+			if ka+sa == kb+sb {
+				return strings.TrimPrefix(ka+sa, "public.")
+			}
+		}
+	}
+	return ""
 }

@@ -36,6 +36,15 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		{"unknown broker", func(c *Config) { c.Broker = "rabbitmq" }, "broker", `"rabbitmq" is not one of memory, postgres, kafka, redis`},
 		{"postgres url", func(c *Config) { c.Postgres.URL = "localhost" }, "postgres.url", "neither a postgres:// URL nor a key=value"},
 		{"postgres url unparsable", func(c *Config) { c.Postgres.URL = "postgres://u:pw@h:badport/db%zz" }, "postgres.url", "not a valid URL"},
+		{"postgres url other scheme", func(c *Config) { c.Postgres.URL = "mysql://u:pw@h/db" }, "postgres.url", `scheme "mysql" is not postgres or postgresql`},
+		{"postgres url @ in the host", func(c *Config) { c.Postgres.URL = "postgres://u:p@ss@h/db" }, "postgres.url", "host 1 contains '@' (percent-encode"},
+		{"postgres url @ in the database", func(c *Config) { c.Postgres.URL = "postgres://u:12/p@h/db" }, "postgres.url", "the database name contains '@'"},
+		{"postgres url port", func(c *Config) { c.Postgres.URL = "postgres://u:pw@h1:5432,h2:x/db" }, "postgres.url", "host 2: the port is not a number"},
+		{"postgres url ipv6", func(c *Config) { c.Postgres.URL = "postgres://[::1/db" }, "postgres.url", "host 1: an IPv6 address without its closing ]"},
+		{"postgres url query", func(c *Config) { c.Postgres.URL = "postgres://h/db?sslmode" }, "postgres.url", "query parameter 1 is not key=value"},
+		{"postgres url percent", func(c *Config) { c.Postgres.URL = "postgres://u:a%zz@h/db" }, "postgres.url", "not followed by two hex digits"},
+		{"postgres key=value unquoted space", func(c *Config) { c.Postgres.URL = "host=h password=a b" }, "postgres.url", `after key "password": text is not key=value`},
+		{"postgres key=value unterminated", func(c *Config) { c.Postgres.URL = "host=h password='a b" }, "postgres.url", `the quoted value of key "password" has no closing quote`},
 		{"max conns", func(c *Config) { c.Postgres.MaxConns = -1 }, "postgres.max_conns", "must not be negative"},
 		{"queue table", func(c *Config) { c.Postgres.QueueTable = "1queue" }, "postgres.queue_table", "not a table name"},
 		{"queue table shared", func(c *Config) { c.Postgres.QueueTable = DefaultOutboxTable }, "postgres.queue_table", "needs a table of its own"},
@@ -119,6 +128,11 @@ func TestConfig_ValidAlternatives(t *testing.T) {
 		{Broker: BrokerKafka, Kafka: KafkaConfig{Brokers: []string{"k1:9092", "[::1]:9093"}, SASL: KafkaSASLConfig{Mechanism: "SCRAM-SHA-512", User: "u", Password: "p"}}},
 		{Broker: BrokerRedis, Redis: RedisConfig{Addr: "redis:6380", Ordering: "none"}},
 		{Broker: BrokerPostgres, Postgres: PostgresConfig{URL: "host=db user=app password=secret dbname=app", QueueGroups: []string{"a", "b"}}},
+		{Postgres: PostgresConfig{URL: "host = db password = 'it\\'s a secret' application_name=svc://worker"}},
+		{Postgres: PostgresConfig{URL: "postgres://u:pw@[::1]:5432,[::2]:5433,h3/db?sslmode=require&target_session_attrs=read-write"}},
+		{Postgres: PostgresConfig{URL: "postgresql://u:p#ss@h/db"}},
+		{Postgres: PostgresConfig{URL: "postgres://u:p?ss@h/db?application_name=a@b"}},
+		{Postgres: PostgresConfig{URL: "postgres:///db?host=/var/run/postgresql"}},
 		{Outbox: OutboxConfig{Table: "events.outbox"}, Inbox: InboxConfig{Table: "events.inbox"}},
 		{Retry: RetryConfig{Base: -1}, Observability: ObservabilityConfig{MetricsAddr: MetricsOff}},
 	} {
@@ -273,16 +287,47 @@ func TestRedactDSN(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres://u:p%40ss@h/db":                       "postgres://u:REDACTED@h/db",
 		"postgresql://u@h/db":                            "postgresql://u@h/db",
-		"postgres://h/db?user=u&password=secret":         "postgres://h/db?password=REDACTED&user=u",
+		"postgres://h/db?user=u&password=secret":         "postgres://h/db?user=u&password=REDACTED",
 		"host=h user=u password=secret dbname=d":         "host=h user=u password=REDACTED dbname=d",
 		"host=h password = 'se cret' dbname=d":           "host=h password = REDACTED dbname=d",
 		"postgres://u:sec:ret@h:bad/db%zz":               "postgres://u:REDACTED@h:bad/db%zz",
 		"":                                               "",
-		"parse \"postgres://u:pw@h:x/\": invalid port":   "parse \"postgres://u:pw@h:x/\": invalid port",
+		"parse \"postgres://u:pw@h:x/\": invalid port":   "parse \"postgres://u:REDACTED@h:x/\": invalid port",
 		"host=h PASSWORD=secret":                         "host=h PASSWORD=REDACTED",
 		"postgres://user:pass@host/db?sslmode=disable&x": "postgres://user:REDACTED@host/db?sslmode=disable&x",
 	} {
 		assert.Equal(t, want, RedactDSN(in), in)
+	}
+}
+
+func TestRedactDSN_ParsesBeforeItMasks(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, in, want string }{
+		{"key=value with :// in another value", "host=db password=s3cret application_name=svc://worker", "host=db password=REDACTED application_name=svc://worker"},
+		{"key=value escaped quote", `password='it\'s' host=h`, "password=REDACTED host=h"},
+		{"key=value escaped space", `password=a\ b host=h`, "password=REDACTED host=h"},
+		{"key=value sslpassword", "sslkey=/k.pem sslpassword=pp", "sslkey=/k.pem sslpassword=REDACTED"},
+		{"key=value: the word after = is the value, even after a space", "host=h password= dbname=d", "host=h password= REDACTED"},
+		{"key=value unquoted space: the rest is masked", "password=a b c=d", "password=REDACTED REDACTED"},
+		{"key=value unterminated quote", "host=h password='abc", "host=h password=REDACTED"},
+		{"not a connection string", "hunter2", "REDACTED"},
+		{"URL with an unescaped @", "postgres://u:p@ss@host/db", "postgres://u:REDACTED@host/db"},
+		{"URL with an unescaped ? and @", "postgres://u:1?x@h/db", "postgres://u:REDACTED@h/db"},
+		{"URL with an unescaped #", "postgres://u:p#ss@h/db", "postgres://u:REDACTED@h/db"},
+		{"URL malformed with a password parameter", "postgres://u@h:badport/db?password=qs", "postgres://u@h:badport/db?password=REDACTED"},
+		{"URL percent-encoded parameter name", "postgres://h/db?pass%77ord=x&sslmode=require", "postgres://h/db?pass%77ord=REDACTED&sslmode=require"},
+		{"URL with several IPv6 hosts", "postgres://u:pw@[::1]:5432,[::2]:5433/db", "postgres://u:REDACTED@[::1]:5432,[::2]:5433/db"},
+		{"URL with @ in a query value: masked to the last @", "postgres://u:pw@h/db?application_name=a@b", "postgres://u:REDACTED@b"},
+		{"URL without password, @ in a query value", "postgres://h/db?application_name=a@b", "postgres://h/db?application_name=a@b"},
+		{"URL empty password", "postgres://u:@h/db", "postgres://u:@h/db"},
+		{"http URL token parameter", "https://collector:4318/v1/traces?api_key=tok", "https://collector:4318/v1/traces?api_key=REDACTED"},
+		{"text quoting a key=value string", "cannot parse `host=h password=xxxxx port=abc`: invalid port", "cannot parse `host=h password=REDACTED port=abc`: invalid port"},
+		{"text quoting a URL", `parse "postgres://u:pw@h:x/": invalid port`, `parse "postgres://u:REDACTED@h:x/": invalid port`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			assert.Equal(t, tc.want, RedactDSN(tc.in))
+		})
 	}
 }
 

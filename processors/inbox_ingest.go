@@ -34,6 +34,15 @@ const (
 	DefaultIngestStoreTimeout = 30 * time.Second
 )
 
+// Limits of InboxIngestConfig: Validate refuses larger values. BatchSize ×
+// Writers is the capacity of the ingest's request queue.
+const (
+	// MaxIngestBatchSize bounds BatchSize.
+	MaxIngestBatchSize = 10_000
+	// MaxIngestWriters bounds Writers.
+	MaxIngestWriters = 256
+)
+
 // ErrIngestClosed is returned (transient) for messages that arrive after the
 // InboxIngest was closed: they are nacked and redelivered by the broker.
 var ErrIngestClosed = errors.New("inbox ingest: closed")
@@ -121,8 +130,12 @@ func (c InboxIngestConfig) Validate() error {
 		return errors.New("ConsumerGroup: required")
 	case c.BatchSize < 1:
 		return fmt.Errorf("BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.BatchSize > MaxIngestBatchSize:
+		return fmt.Errorf("BatchSize: at most %d, got %d", MaxIngestBatchSize, c.BatchSize)
 	case c.Writers < 1:
 		return fmt.Errorf("Writers: must be at least 1, got %d", c.Writers)
+	case c.Writers > MaxIngestWriters:
+		return fmt.Errorf("Writers: at most %d, got %d", MaxIngestWriters, c.Writers)
 	case c.StoreTimeout < 0:
 		return fmt.Errorf("StoreTimeout: must not be negative, got %s", c.StoreTimeout)
 	case c.Timeout < 0:

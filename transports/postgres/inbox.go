@@ -64,8 +64,8 @@ func (c InboxConfig) Validate() error {
 		return errors.New("MaxMetadataBytes: must not be negative")
 	case c.MaxAttempts < 0:
 		return errors.New("MaxAttempts: must not be negative")
-	case c.MaxAttempts > 1000:
-		return fmt.Errorf("MaxAttempts: at most 1000, got %d", c.MaxAttempts)
+	case c.MaxAttempts > bus.MaxAttemptsLimit:
+		return fmt.Errorf("MaxAttempts: at most %d, got %d", bus.MaxAttemptsLimit, c.MaxAttempts)
 	}
 	return nil
 }
@@ -307,8 +307,8 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 	for k, v := range msg.Metadata {
 		if k == MetaMaxAttempts {
 			a, err := strconv.Atoi(v)
-			if err != nil || a < 1 || a > 1000 {
-				return r, bad(MetaMaxAttempts, "want a whole number from 1 to 1000")
+			if err != nil || a < 1 || a > bus.MaxAttemptsLimit {
+				return r, bad(MetaMaxAttempts, fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit))
 			}
 			r.maxAttempts = int32(a)
 			continue

@@ -37,7 +37,8 @@ func SetDeliverAt(msg *message.Message, t time.Time) {
 	msg.Metadata.Set(MetaDeliverAt, t.UTC().Format(time.RFC3339Nano))
 }
 
-// SetMaxAttempts sets the attempt budget of msg (default DefaultMaxAttempts).
+// SetMaxAttempts sets the attempt budget of msg (default DefaultMaxAttempts),
+// from 1 to bus.MaxAttemptsLimit.
 func SetMaxAttempts(msg *message.Message, n int) {
 	msg.Metadata.Set(MetaMaxAttempts, strconv.Itoa(n))
 }
@@ -87,6 +88,9 @@ func (c OutboxConfig) Validate() error {
 	}
 	if c.MaxAttempts < 0 {
 		return errors.New("MaxAttempts: must not be negative")
+	}
+	if c.MaxAttempts > bus.MaxAttemptsLimit {
+		return fmt.Errorf("MaxAttempts: at most %d, got %d", bus.MaxAttemptsLimit, c.MaxAttempts)
 	}
 	if c.MaxDeliverAhead < 0 {
 		return errors.New("MaxDeliverAhead: must not be negative")
@@ -197,8 +201,8 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 				schedules[i] = &t
 			case MetaMaxAttempts:
 				a, err := strconv.Atoi(v)
-				if err != nil || a < 1 || a > 1000 {
-					return bad(MetaMaxAttempts, "want a whole number from 1 to 1000")
+				if err != nil || a < 1 || a > bus.MaxAttemptsLimit {
+					return bad(MetaMaxAttempts, fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit))
 				}
 				attempts[i] = int32(a)
 			case bus.KeyPartitionKey, bus.KeyEventType:

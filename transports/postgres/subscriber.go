@@ -47,6 +47,18 @@ const (
 	DefaultMaxErrorLength = 2048
 )
 
+// Limits of SubscriberConfig's sizes: Validate refuses larger values (they
+// size queues and statements, and would exhaust memory long before they
+// helped throughput).
+const (
+	// MaxBatchSize bounds BatchSize (relay.batch_size in bus.Config).
+	MaxBatchSize = bus.MaxRelayBatchSize
+	// MaxRunLength bounds RunLength (relay.run_length in bus.Config).
+	MaxRunLength = bus.MaxRelayRunLength
+	// MaxSettleBatch bounds SettleBatch (the settlement queue holds four times as many).
+	MaxSettleBatch = 10_000
+)
+
 // SubscriberConfig configures a Subscriber. Zero values mean the defaults.
 type SubscriberConfig struct {
 	// Table is the outbox or inbox table. Default DefaultOutboxTable, or
@@ -161,8 +173,12 @@ func (c SubscriberConfig) Validate() error {
 		return errors.New("ConsumerGroup: an outbox table has no consumer groups")
 	case c.BatchSize < 1:
 		return fmt.Errorf("BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("BatchSize: at most %d, got %d", MaxBatchSize, c.BatchSize)
 	case c.RunLength < 1:
 		return fmt.Errorf("RunLength: must be at least 1, got %d", c.RunLength)
+	case c.RunLength > MaxRunLength:
+		return fmt.Errorf("RunLength: at most %d, got %d", MaxRunLength, c.RunLength)
 	case c.MaxInFlight < 1:
 		return fmt.Errorf("MaxInFlight: must be at least 1, got %d", c.MaxInFlight)
 	case c.Lease < time.Second:
@@ -173,6 +189,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("SettleInterval: must not be negative, got %s", c.SettleInterval)
 	case c.SettleBatch < 1:
 		return fmt.Errorf("SettleBatch: must be at least 1, got %d", c.SettleBatch)
+	case c.SettleBatch > MaxSettleBatch:
+		return fmt.Errorf("SettleBatch: at most %d, got %d", MaxSettleBatch, c.SettleBatch)
 	case c.CloseTimeout < 0:
 		return fmt.Errorf("CloseTimeout: must not be negative, got %s", c.CloseTimeout)
 	case c.TransientDelay < 0:

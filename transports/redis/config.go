@@ -48,6 +48,20 @@ const (
 	DefaultDeadLetterSuffix = ":dead-letter"
 )
 
+// Limits of PublisherConfig's and SubscriberConfig's sizes: Validate refuses
+// larger values. They size queues (BatchSize × Pipelines) and reads; beyond
+// them a value only exhausts memory.
+const (
+	// MaxPublishBatchSize bounds PublisherConfig.BatchSize.
+	MaxPublishBatchSize = 10_000
+	// MaxPublishPipelines bounds PublisherConfig.Pipelines.
+	MaxPublishPipelines = 64
+	// MaxBatchSize bounds SubscriberConfig.BatchSize (the COUNT of a read).
+	MaxBatchSize = 10_000
+	// MaxMaxInFlight bounds SubscriberConfig.MaxInFlight.
+	MaxMaxInFlight = 100_000
+)
+
 // ConfigError reports an invalid configuration field.
 type ConfigError struct {
 	// Field is the name of the offending field, as spelled in the struct.
@@ -222,8 +236,14 @@ func (c PublisherConfig) Validate() error {
 	if c.BatchSize < 0 {
 		return invalid("BatchSize", "negative (%d)", c.BatchSize)
 	}
+	if c.BatchSize > MaxPublishBatchSize {
+		return invalid("BatchSize", "at most %d, got %d", MaxPublishBatchSize, c.BatchSize)
+	}
 	if c.Pipelines < 0 {
 		return invalid("Pipelines", "negative (%d)", c.Pipelines)
+	}
+	if c.Pipelines > MaxPublishPipelines {
+		return invalid("Pipelines", "at most %d, got %d", MaxPublishPipelines, c.Pipelines)
 	}
 	if c.MaxEntryBytes < 0 {
 		return invalid("MaxEntryBytes", "negative (%d)", c.MaxEntryBytes)
@@ -352,11 +372,17 @@ func (c SubscriberConfig) Validate() error {
 	if c.BatchSize < 0 {
 		return invalid("BatchSize", "negative (%d)", c.BatchSize)
 	}
+	if c.BatchSize > MaxBatchSize {
+		return invalid("BatchSize", "at most %d, got %d", MaxBatchSize, c.BatchSize)
+	}
 	if c.BlockTime < 0 {
 		return invalid("BlockTime", "negative (%s)", c.BlockTime)
 	}
 	if c.MaxInFlight < 0 {
 		return invalid("MaxInFlight", "negative (%d)", c.MaxInFlight)
+	}
+	if c.MaxInFlight > MaxMaxInFlight {
+		return invalid("MaxInFlight", "at most %d, got %d", MaxMaxInFlight, c.MaxInFlight)
 	}
 	if c.ClaimIdle < 0 {
 		return invalid("ClaimIdle", "negative (%s)", c.ClaimIdle)
