@@ -97,10 +97,10 @@ func Open(ctx context.Context, cfg bus.Config, opts ...Option) (*Bus, error) {
 	}
 	b := &Bus{cfg: cfg, logger: bus.LoggerOrNop(o.logger), pool: o.pool}
 	var err error
-	if b.outbox, err = postgres.NewOutbox(postgres.OutboxConfig{Table: cfg.Outbox.Table, MaxAttempts: cfg.Outbox.MaxAttempts}); err != nil {
+	if b.outbox, err = postgres.NewOutbox(postgres.OutboxConfig{Table: cfg.Outbox.Table, MaxAttempts: cfg.Outbox.MaxAttempts, MaxPayloadBytes: cfg.Outbox.MaxPayloadBytes}); err != nil {
 		return nil, &bus.ConfigError{Field: "outbox", Reason: err.Error()}
 	}
-	if b.inbox, err = postgres.NewInbox(postgres.InboxConfig{Table: cfg.Inbox.Table, MaxAttempts: cfg.Inbox.MaxAttempts}); err != nil {
+	if b.inbox, err = postgres.NewInbox(postgres.InboxConfig{Table: cfg.Inbox.Table, MaxAttempts: cfg.Inbox.MaxAttempts, MaxPayloadBytes: cfg.Inbox.MaxPayloadBytes}); err != nil {
 		return nil, &bus.ConfigError{Field: "inbox", Reason: err.Error()}
 	}
 	if b.pool == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/middleware"
+	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
 )
@@ -149,4 +150,44 @@ func TestConfigMapping(t *testing.T) {
 	require.Len(t, tables, 2)
 	assert.Equal(t, bus.DefaultOutboxTable, tables[0].Name)
 	assert.Equal(t, bus.DefaultInboxTable, tables[1].Name)
+}
+
+// The payload limit (1 MiB by default) is configurable: outbox and inbox
+// max_payload_bytes (OMNIBUS_OUTBOX_MAX_PAYLOAD_BYTES, …); a larger payload is refused by
+// name, before any SQL runs.
+func TestOpen_PayloadLimitFromConfig(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	full := testenv.Name(t)
+	name := "pl_" + full[len(full)-10:]
+	testenv.DropPostgresPrefix(t, name)
+	cfg, err := bus.ParseConfigEnv([]byte("outbox:\n  table: "+name+"_out\n  max_payload_bytes: 2048\ninbox:\n  table: "+name+"_in\n  max_payload_bytes: 1024\n"),
+		func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	assert.Equal(t, 2048, cfg.Outbox.MaxPayloadBytes)
+	assert.Equal(t, 1024, cfg.Inbox.MaxPayloadBytes)
+	b, err := omnibus.Open(ctx, cfg, omnibus.WithPool(testenv.Postgres(t)))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	require.NoError(t, b.Migrate(ctx))
+
+	pool := testenv.Postgres(t)
+	require.NoError(t, b.Outbox().Enqueue(ctx, pool, "t", message.NewMessage(watermill.NewUUID(), make([]byte, 2048))))
+	err = b.Outbox().Enqueue(ctx, pool, "t", message.NewMessage(watermill.NewUUID(), make([]byte, 2049)))
+	var invalid *postgres.InvalidMessageError
+	require.ErrorAs(t, err, &invalid)
+	assert.Equal(t, "Payload", invalid.Field)
+	assert.Contains(t, err.Error(), "limit of 2048")
+
+	err = b.Inbox().Check(message.NewMessage(watermill.NewUUID(), make([]byte, 1025)), "t")
+	require.ErrorAs(t, err, &invalid)
+	assert.Contains(t, err.Error(), "limit of 1024")
+
+	for _, bad := range []string{"-1", "1099511627776"} {
+		c, err := bus.ParseConfigEnv([]byte("outbox:\n  max_payload_bytes: "+bad+"\n"), func(string) (string, bool) { return "", false })
+		require.NoError(t, err)
+		err = c.WithDefaults().Validate()
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "outbox.max_payload_bytes")
+	}
 }

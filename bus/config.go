@@ -90,6 +90,10 @@ const (
 	MaxRelayBatchSize = 10_000
 	// MaxRelayRunLength bounds relay.run_length (rows of one key one fetch takes).
 	MaxRelayRunLength = 1_000
+	// MaxPayloadLimit bounds outbox.max_payload_bytes and
+	// inbox.max_payload_bytes: a relay holds a fetch's payloads in memory,
+	// and PostgreSQL's bytea tops out at 1 GiB.
+	MaxPayloadLimit = 256 << 20
 )
 
 // tableObjectSuffixes name the objects the postgres migrations create for a
@@ -291,6 +295,10 @@ type OutboxConfig struct {
 	// Retention is how long completed rows are kept before cleanup deletes
 	// them. Default DefaultRetention (7 days).
 	Retention time.Duration `yaml:"retention"`
+	// MaxPayloadBytes bounds an event's payload; Enqueue refuses a larger
+	// one by name. Default 0: the transport's default, 1 MiB. At most
+	// MaxPayloadLimit.
+	MaxPayloadBytes int `yaml:"max_payload_bytes"`
 }
 
 // InboxConfig configures the inbox table and what the ingest receives.
@@ -310,6 +318,10 @@ type InboxConfig struct {
 	// Retention is how long completed rows are kept before cleanup deletes
 	// them. Default DefaultRetention.
 	Retention time.Duration `yaml:"retention"`
+	// MaxPayloadBytes bounds a stored message's payload; a larger one is a
+	// permanent failure of that message (the broker dead-letters it).
+	// Default 0: the transport's default, 1 MiB. At most MaxPayloadLimit.
+	MaxPayloadBytes int `yaml:"max_payload_bytes"`
 }
 
 // RetryConfig configures the backoff between tries (equal jitter: the delay
@@ -1074,6 +1086,7 @@ func (c Config) Validate() error {
 	table("outbox.table", c.Outbox.Table)
 	upTo("outbox.max_attempts", int64(c.Outbox.MaxAttempts), MaxAttemptsLimit)
 	notNegativeDur("outbox.retention", c.Outbox.Retention)
+	upTo("outbox.max_payload_bytes", int64(c.Outbox.MaxPayloadBytes), MaxPayloadLimit)
 	table("inbox.table", c.Inbox.Table)
 	tables := []struct{ field, name string }{
 		{"outbox.table", c.Outbox.Table}, {"inbox.table", c.Inbox.Table}, {"postgres.queue_table", c.Postgres.QueueTable},
@@ -1109,6 +1122,7 @@ func (c Config) Validate() error {
 	}
 	upTo("inbox.max_attempts", int64(c.Inbox.MaxAttempts), MaxAttemptsLimit)
 	notNegativeDur("inbox.retention", c.Inbox.Retention)
+	upTo("inbox.max_payload_bytes", int64(c.Inbox.MaxPayloadBytes), MaxPayloadLimit)
 
 	// retry
 	if c.Retry.Base > 0 && c.Retry.Cap < c.Retry.Base {

@@ -54,7 +54,7 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 		pool.Close()
 		return nil, fmt.Errorf("create queue table %q: %w", cfg.Postgres.QueueTable, err)
 	}
-	in, err := NewInbox(InboxConfig{Table: cfg.Postgres.QueueTable, MaxAttempts: cfg.Inbox.MaxAttempts})
+	in, err := NewInbox(InboxConfig{Table: cfg.Postgres.QueueTable, MaxAttempts: cfg.Inbox.MaxAttempts, MaxPayloadBytes: cfg.Inbox.MaxPayloadBytes})
 	if err != nil {
 		pool.Close()
 		return nil, err
