@@ -17,9 +17,9 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/middleware"
-	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
+	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
 type paid struct {
