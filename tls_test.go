@@ -116,6 +116,11 @@ func TestOpen_PostgresTLS(t *testing.T) {
 				wantErr: []string{"x509: certificate signed by unknown authority"},
 			},
 			{
+				name:    "require with a CA file verifies like verify-ca",
+				url:     pg.URL(pg.Host, pg.User, pg.Password, "sslmode=require&"+otherCA),
+				wantErr: []string{"x509: certificate signed by unknown authority"},
+			},
+			{
 				name:    "verify-full to a host the certificate does not name",
 				url:     pg.URL(pg.OtherHost, pg.User, pg.Password, "sslmode=verify-full&"+ca),
 				wantErr: []string{"x509: certificate is valid for", "not " + pg.OtherHost},
