@@ -45,6 +45,8 @@ func TestOpen_PostgresTLS(t *testing.T) {
 		}{
 			{"verify-full with the CA", pg.URL(pg.Host, pg.User, pg.Password, "sslmode=verify-full&"+ca), pg.User, true},
 			{"verify-full with the CA to localhost", pg.URL("localhost", pg.User, pg.Password, "sslmode=verify-full&"+ca), pg.User, true},
+			{"verify-full with the CA in key=value form", fmt.Sprintf("host=%s port=%d dbname=%s user=%s password=%s sslmode=verify-full sslrootcert=%s",
+				pg.Host, pg.Port, pg.Database, pg.User, pg.Password, pg.CAFile), pg.User, true},
 			{"verify-ca with the CA to a host the certificate does not name", pg.URL(pg.OtherHost, pg.User, pg.Password, "sslmode=verify-ca&"+ca), pg.User, true},
 			{"require without a CA encrypts without verifying", pg.URL(pg.Host, pg.User, pg.Password, "sslmode=require"), pg.User, true},
 			{"no sslmode (prefer) uses TLS when the server offers it", pg.URL(pg.Host, pg.User, pg.Password, ""), pg.User, true},
