@@ -33,6 +33,8 @@ package omnibus
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,7 +124,9 @@ func Open(ctx context.Context, cfg bus.Config, opts ...Option) (*Bus, error) {
 // and checks that it answers. Errors never show the password. A server that
 // cannot be reached (refused, timed out) is a bus.Transient error, which a
 // caller may wait out; a server that answers and refuses (bad credentials,
-// no such database) is not.
+// no such database, a connection without TLS its pg_hba.conf rejects) is
+// not, nor is a server whose TLS certificate the sslmode and sslrootcert of
+// postgres.url refuse.
 func Connect(ctx context.Context, cfg bus.Config) (*pgxpool.Pool, error) {
 	cfg = cfg.WithDefaults()
 	pcfg, err := pgxpool.ParseConfig(cfg.Postgres.URL)
@@ -142,12 +146,26 @@ func Connect(ctx context.Context, cfg bus.Config) (*pgxpool.Pool, error) {
 		// class is decided here.
 		cerr := fmt.Errorf("connect to PostgreSQL at %s: %s", bus.RedactDSN(cfg.Postgres.URL), bus.RedactDSN(err.Error()))
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return nil, cerr // the server answered: waiting will not help
+		if errors.As(err, &pgErr) || isCertificateError(err) {
+			return nil, cerr // the server answered, or its certificate is refused: waiting will not help
 		}
 		return nil, bus.Transient(cerr)
 	}
 	return pool, nil
+}
+
+// isCertificateError reports whether err is the refusal of the server's TLS
+// certificate (unknown authority, another host name, expired, …): wrong
+// settings or a wrong server, not an outage.
+func isCertificateError(err error) bool {
+	var (
+		verifyErr    *tls.CertificateVerificationError
+		authorityErr x509.UnknownAuthorityError
+		hostErr      x509.HostnameError
+		invalidErr   x509.CertificateInvalidError
+	)
+	return errors.As(err, &verifyErr) || errors.As(err, &authorityErr) ||
+		errors.As(err, &hostErr) || errors.As(err, &invalidErr)
 }
 
 // Config returns the configuration in effect, defaults applied.

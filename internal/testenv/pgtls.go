@@ -1,0 +1,424 @@
+package testenv
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PostgresBinDir is where StartTLSPostgres looks for initdb and postgres
+// first (the Debian package postgresql-15); PATH is searched next.
+const PostgresBinDir = "/usr/lib/postgresql/15/bin"
+
+// TLSPostgres is a private PostgreSQL cluster started by StartTLSPostgres
+// that accepts TCP connections over TLS only. Its server certificate, signed
+// by a throwaway CA made for the test, names localhost and 127.0.0.1.
+type TLSPostgres struct {
+	// Port is the TCP port the server listens on, on Host and OtherHost.
+	Port int
+	// Host is the loopback address the server certificate names (127.0.0.1;
+	// "localhost" is named too).
+	Host string
+	// OtherHost is a second loopback address the server listens on
+	// (127.0.0.2) that its certificate does not name: verify-full to it
+	// must fail on the host name.
+	OtherHost string
+	// Database is owned by User; User may create tables in its public schema.
+	Database string
+	// User logs in with Password (scram-sha-256, TLS only).
+	User, Password string
+	// CertUser logs in with the client certificate ClientCertFile /
+	// ClientKeyFile (method cert, TLS only); it has no password.
+	CertUser string
+	// CAFile is the PEM certificate of the CA that signed the server and
+	// client certificates: what sslrootcert must name for verify-ca/-full.
+	CAFile string
+	// OtherCAFile is the PEM certificate of another throwaway CA, which
+	// signed nothing the server shows.
+	OtherCAFile string
+	// ClientCertFile and ClientKeyFile are CertUser's certificate and key
+	// (PEM, the key 0600), for sslcert and sslkey.
+	ClientCertFile, ClientKeyFile string
+}
+
+// URL returns a postgres:// connection string to the cluster's Database on
+// host (Host, OtherHost or "localhost") as user with password (none when
+// empty), with params (such as "sslmode=verify-full&sslrootcert=/ca.pem")
+// as its query.
+func (p *TLSPostgres) URL(host, user, password, params string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		Host:     net.JoinHostPort(host, strconv.Itoa(p.Port)),
+		Path:     "/" + p.Database,
+		RawQuery: params,
+	}
+	if password != "" {
+		u.User = url.UserPassword(user, password)
+	} else {
+		u.User = url.User(user)
+	}
+	return u.String()
+}
+
+// StartTLSPostgres starts a private PostgreSQL cluster for one test and stops
+// it (and deletes its files) when the test ends. It takes a few seconds
+// (initdb): start one per test function and share it across subtests.
+//
+// How: initdb (PostgresBinDir, else PATH; a missing binary fails the test
+// naming `make services` and the Debian package postgresql) into a fresh
+// directory under the system temp dir, a throwaway CA and server and client
+// certificates made with crypto/x509, then postgres with ssl=on on a free
+// port of 127.0.0.1 and 127.0.0.2 and its Unix socket in that directory.
+// pg_hba.conf allows CertUser by client certificate and everyone else by
+// scram-sha-256, over TLS only (hostssl); plain TCP is rejected (hostnossl …
+// reject). Only the Unix socket, which only the server's OS user can open,
+// trusts the superuser postgres; the helper uses it to create User,
+// CertUser and Database.
+//
+// PostgreSQL refuses to run as root. When the test runs as root, initdb and
+// postgres run as the OS user postgres (setuid through
+// syscall.SysProcAttr.Credential, as `runuser -u postgres --` would), and the
+// directory and every file in it, the keys 0600, are chowned to it.
+// Listening on 127.0.0.2 needs Linux, where all of 127.0.0.0/8 is loopback.
+func StartTLSPostgres(t testing.TB) *TLSPostgres {
+	t.Helper()
+	initdb := findPostgresBin(t, "initdb")
+	postgresBin := findPostgresBin(t, "postgres")
+	cred := postgresCredential(t)
+
+	// A short path of our own, not t.TempDir: the Unix socket's path must
+	// fit in 107 bytes, and t.TempDir's parent is 0700 root, which the
+	// postgres user cannot enter.
+	dir, err := os.MkdirTemp("", "omnibus-pgtls-")
+	if err != nil {
+		t.Fatalf("make a directory for the private PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatalf("chmod %s: %v", dir, err)
+	}
+	data := filepath.Join(dir, "data")
+
+	p := &TLSPostgres{
+		Host:      "127.0.0.1",
+		OtherHost: "127.0.0.2",
+		Database:  "omnibus_tls",
+		User:      "omnibus_app",
+		Password:  "pw_" + randomHex(t, 16),
+		CertUser:  "omnibus_certuser",
+	}
+	serverCert, serverKey := writeTLSFiles(t, dir, p)
+	chownTree(t, dir, cred)
+
+	run(t, cred, initdb, "-D", data, "-U", "postgres", "-E", "UTF8", "--locale=C",
+		"--auth-local=trust", "--auth-host=reject", "--no-sync", "--no-instructions")
+	hba := strings.Join([]string{
+		"# omnibus testenv.StartTLSPostgres: TLS only over TCP",
+		"local    all  postgres                    trust",
+		"hostssl  all  " + p.CertUser + "  127.0.0.1/32  cert",
+		"hostssl  all  " + p.CertUser + "  127.0.0.2/32  cert",
+		"hostssl  all  all  127.0.0.1/32  scram-sha-256",
+		"hostssl  all  all  127.0.0.2/32  scram-sha-256",
+		"hostnossl all all  127.0.0.1/32  reject",
+		"hostnossl all all  127.0.0.2/32  reject",
+		"",
+	}, "\n")
+	writeFile(t, filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600)
+	chownTree(t, data, cred)
+
+	// A free port can be taken by someone else before postgres binds it:
+	// try a few.
+	var lastErr error
+	for range 3 {
+		p.Port = FreePort(t)
+		stop, err := startPostgres(t, cred, postgresBin, dir, data, p.Port, serverCert, serverKey, p.CAFile)
+		if err == nil {
+			t.Cleanup(stop)
+			lastErr = nil
+			break
+		}
+		lastErr = err
+	}
+	if lastErr != nil {
+		t.Fatalf("start the private TLS PostgreSQL: %v", lastErr)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", dir, p.Port))
+	if err != nil {
+		t.Fatalf("connect to the private PostgreSQL over its Unix socket in %s: %v", dir, err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	for _, stmt := range []string{
+		// The password is hex: no quoting issue; scram-sha-256 is PG 15's
+		// default password_encryption.
+		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", p.User, p.Password),
+		fmt.Sprintf("CREATE ROLE %s LOGIN", p.CertUser),
+		fmt.Sprintf("CREATE DATABASE %s OWNER %s", p.Database, p.User),
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatalf("set up the private PostgreSQL: %s: %v", strings.SplitN(stmt, " PASSWORD", 2)[0], err)
+		}
+	}
+	return p
+}
+
+// startPostgres starts postgres and returns once it accepts connections on
+// its Unix socket, with a func that stops it (fast shutdown, then kill).
+// An error carries the tail of the server's log.
+func startPostgres(t testing.TB, cred *syscall.Credential, bin, dir, data string, port int, cert, key, ca string) (func(), error) {
+	t.Helper()
+	logPath := filepath.Join(dir, "postgres-"+strconv.Itoa(port)+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", logPath, err)
+	}
+	defer func() { _ = logFile.Close() }()
+	cmd := exec.Command(bin, "-D", data,
+		"-c", "port="+strconv.Itoa(port),
+		"-c", "listen_addresses=127.0.0.1,127.0.0.2",
+		"-c", "unix_socket_directories="+dir,
+		"-c", "unix_socket_permissions=0700",
+		"-c", "ssl=on",
+		"-c", "ssl_cert_file="+cert,
+		"-c", "ssl_key_file="+key,
+		"-c", "ssl_ca_file="+ca,
+		"-c", "fsync=off",
+		"-c", "max_connections=30",
+		"-c", "shared_buffers=16MB",
+	)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	// Pdeathsig: a test binary killed on timeout does not leave a server.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	logTail := func() string {
+		b, _ := os.ReadFile(logPath)
+		if len(b) > 2000 {
+			b = b[len(b)-2000:]
+		}
+		return string(b)
+	}
+	dsn := fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", dir, port)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		conn, err := pgx.Connect(ctx, dsn)
+		cancel()
+		if err == nil {
+			_ = conn.Close(context.Background())
+			return stop, nil
+		}
+		select {
+		case werr := <-exited:
+			return nil, fmt.Errorf("postgres on port %d exited at start (%v); its log:\n%s", port, werr, logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("postgres on port %d does not accept connections after 60s (%v); its log:\n%s", port, err, logTail())
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// findPostgresBin returns the path of a PostgreSQL server program.
+func findPostgresBin(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(PostgresBinDir, name)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	t.Fatalf("PostgreSQL's %s is neither in %s nor on PATH: this test runs a private TLS-enabled PostgreSQL 15.\n"+
+		"Install it with `make services` (Debian: apt-get install postgresql).", name, PostgresBinDir)
+	return ""
+}
+
+// postgresCredential returns the OS user the server programs run as: nil
+// (the test's own user) unless the test runs as root, which PostgreSQL
+// refuses; then the user postgres.
+func postgresCredential(t testing.TB) *syscall.Credential {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		t.Fatalf("the test runs as root and PostgreSQL refuses root, but there is no OS user postgres to run it as (%v).\n"+
+			"Install PostgreSQL with `make services` (Debian: apt-get install postgresql), which creates it, or run the tests as another user.", err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatalf("OS user postgres has a non-numeric uid or gid: %v", err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
+}
+
+// chownTree gives dir and everything under it to cred's user (no-op for nil).
+func chownTree(t testing.TB, dir string, cred *syscall.Credential) {
+	t.Helper()
+	if cred == nil {
+		return
+	}
+	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
+	})
+	if err != nil {
+		t.Fatalf("give %s to the OS user postgres: %v", dir, err)
+	}
+}
+
+// run runs a program as cred's user and fails the test with its output if
+// it fails.
+func run(t testing.TB, cred *syscall.Credential, bin string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Dir = os.TempDir() // a directory the postgres user may enter
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
+	}
+}
+
+// writeTLSFiles makes the throwaway CAs and the server and client
+// certificates in dir, sets p.CAFile, p.OtherCAFile, p.ClientCertFile and
+// p.ClientKeyFile, and returns the paths of the server's certificate and
+// key.
+func writeTLSFiles(t testing.TB, dir string, p *TLSPostgres) (serverCert, serverKey string) {
+	t.Helper()
+	ca, caKey := newCert(t, "omnibus test CA", nil, nil, true, nil, nil)
+	other, _ := newCert(t, "omnibus other test CA", nil, nil, true, nil, nil)
+	srv, srvKey := newCert(t, "localhost", []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, false, ca, caKey)
+	cli, cliKey := newCert(t, p.CertUser, nil, nil, false, ca, caKey)
+
+	p.CAFile = filepath.Join(dir, "ca.crt")
+	p.OtherCAFile = filepath.Join(dir, "other-ca.crt")
+	serverCert = filepath.Join(dir, "server.crt")
+	serverKey = filepath.Join(dir, "server.key")
+	p.ClientCertFile = filepath.Join(dir, "client.crt")
+	p.ClientKeyFile = filepath.Join(dir, "client.key")
+	writeFile(t, p.CAFile, pemCert(ca), 0o600)
+	writeFile(t, p.OtherCAFile, pemCert(other), 0o600)
+	writeFile(t, serverCert, pemCert(srv), 0o600)
+	writeFile(t, serverKey, pemKey(t, srvKey), 0o600)
+	writeFile(t, p.ClientCertFile, pemCert(cli), 0o600)
+	writeFile(t, p.ClientKeyFile, pemKey(t, cliKey), 0o600)
+	return serverCert, serverKey
+}
+
+// newCert makes an ECDSA P-256 certificate valid for one day: a CA when
+// isCA, else a leaf for dnsNames and ips (server and client use). It is
+// self-signed when parent is nil.
+func newCert(t testing.TB, cn string, dnsNames []string, ips []net.IP, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatalf("generate a key for %q: %v", cn, err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		t.Fatalf("draw a serial for %q: %v", cn, err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		DNSNames:     dnsNames,
+		IPAddresses:  ips,
+	}
+	if isCA {
+		tmpl.IsCA = true
+		tmpl.BasicConstraintsValid = true
+		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign
+	} else {
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	}
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatalf("make the certificate %q: %v", cn, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatalf("parse the certificate %q: %v", cn, err)
+	}
+	return cert, key
+}
+
+func pemCert(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+}
+
+func pemKey(t testing.TB, k *ecdsa.PrivateKey) []byte {
+	t.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatalf("encode a private key: %v", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+func writeFile(t testing.TB, path string, data []byte, perm os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(path, data, perm); err != nil {
+		t.Fatalf("write %s: %v", path, err)
+	}
+	if err := os.Chmod(path, perm); err != nil { // WriteFile keeps an existing file's mode
+		t.Fatalf("chmod %s: %v", path, err)
+	}
+}
+
+func randomHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatalf("draw random bytes: %v", err)
+	}
+	return hex.EncodeToString(b)
+}
