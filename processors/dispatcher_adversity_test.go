@@ -134,3 +134,46 @@ func TestDispatcher_ErrorTextWithNULDoesNotStallOtherRows(t *testing.T) {
 	})
 	assert.Equal(t, 1, countRows(t, pool, in, "last_error LIKE '%ledger said%no%'"), "the NUL is replaced, the text kept")
 }
+
+// The ingest obeys the same rule: one broker message whose inline handling
+// fails every time is retried by the broker with each failure counted, and
+// it never opens the ingest's breaker, so the other messages keep being
+// stored.
+func TestInboxIngest_PoisonMessageDoesNotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	pool, in := newInboxTable(t)
+	b := newRedisBroker(t)
+	pub := b.publisher()
+	sub := b.subscriber("billing")
+	var (
+		poisonTries atomic.Int64
+		opened      atomic.Bool
+	)
+	g := startIngest(t, pool, processors.InboxIngestConfig{
+		Subscriber: sub, Topic: "orders", ConsumerGroup: "billing",
+		Inbox: postgres.InboxConfig{Table: in.Table()}, Retry: fastRetry,
+		Breaker: middleware.CircuitBreakerConfig{OnStateChange: func(_, to middleware.BreakerState) {
+			if to == middleware.BreakerOpen {
+				opened.Store(true)
+			}
+		}},
+		Inline: func(m *message.Message) error {
+			if string(m.Payload) == `"poison"` {
+				poisonTries.Add(1)
+				return errors.New("the ledger refuses this one, always")
+			}
+			return nil
+		},
+	})
+	require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(`"poison"`))))
+	for i := range 10 {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`"ok"`))
+		m.Metadata.Set("n", string(rune('0'+i)))
+		require.NoError(t, pub.Publish("orders", m))
+	}
+	waitFor(t, "the poison message failed more often than the breaker's threshold while the others were stored", 30*time.Second, func() bool {
+		return poisonTries.Load() > int64(middleware.DefaultFailureThreshold) && countRows(t, pool, in, "true") == 10
+	})
+	assert.False(t, opened.Load(), "one poison message must not open the breaker")
+	assert.Equal(t, middleware.BreakerClosed, g.Breaker().State())
+}
