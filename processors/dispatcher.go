@@ -334,16 +334,7 @@ func (d *Dispatcher) AddTo(router *message.Router) *message.Handler {
 // down gracefully: in-flight handlers finish (up to the subscriber's
 // CloseTimeout) and unstarted rows are released.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: d.sub.Config().CloseTimeout}, bus.WatermillLogger(d.log))
-	if err != nil {
-		return fmt.Errorf("dispatcher router: %w", err)
-	}
-	d.AddTo(router)
-	err = router.Run(ctx)
-	if cerr := d.sub.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return runStandalone(ctx, "dispatcher", d.sub.Config().CloseTimeout, d.log, d.AddTo, d.sub.Close)
 }
 
 // Close closes the dispatcher's subscriber (when it runs on a user's router,

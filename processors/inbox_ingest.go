@@ -277,16 +277,7 @@ func (g *InboxIngest) AddTo(router *message.Router) *message.Handler {
 // the router closes the broker subscriber and waits for in-flight messages,
 // whose batches are written before Run returns.
 func (g *InboxIngest) Run(ctx context.Context) error {
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: g.cfg.Timeout + time.Second}, bus.WatermillLogger(g.log))
-	if err != nil {
-		return fmt.Errorf("ingest router: %w", err)
-	}
-	g.AddTo(router)
-	err = router.Run(ctx)
-	if cerr := g.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return runStandalone(ctx, "ingest", g.cfg.Timeout + time.Second, g.log, g.AddTo, g.Close)
 }
 
 // Close stops taking messages (later ones fail as transient and are

@@ -170,16 +170,7 @@ func (r *OutboxRelay) AddTo(router *message.Router) *message.Handler {
 // gracefully: in-flight publishes finish (up to the subscriber's
 // CloseTimeout) and unstarted rows are released.
 func (r *OutboxRelay) Run(ctx context.Context) error {
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: r.sub.Config().CloseTimeout}, bus.WatermillLogger(r.log))
-	if err != nil {
-		return fmt.Errorf("relay router: %w", err)
-	}
-	r.AddTo(router)
-	err = router.Run(ctx)
-	if cerr := r.sub.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return runStandalone(ctx, "relay", r.sub.Config().CloseTimeout, r.log, r.AddTo, r.sub.Close)
 }
 
 // Close closes the relay's subscriber (when it runs on a user's router, the
