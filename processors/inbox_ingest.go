@@ -277,7 +277,7 @@ func (g *InboxIngest) AddTo(router *message.Router) *message.Handler {
 // the router closes the broker subscriber and waits for in-flight messages,
 // whose batches are written before Run returns.
 func (g *InboxIngest) Run(ctx context.Context) error {
-	return runStandalone(ctx, "ingest", g.cfg.Timeout + time.Second, g.log, g.AddTo, g.Close)
+	return runStandalone(ctx, "ingest", g.cfg.Timeout+time.Second, g.log, g.AddTo, g.Close)
 }
 
 // Close stops taking messages (later ones fail as transient and are
