@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/omnibus-go/omnibus/bus"
 )
 
 // Connection defaults (ConnectionConfig), shared by PublisherConfig and
@@ -122,15 +124,10 @@ const (
 	SASLScramSHA512 = "SCRAM-SHA-512"
 )
 
-// ConfigError reports an invalid configuration field.
-type ConfigError struct {
-	// Field is the name of the field, dotted for nested ones ("TLS.CAFile").
-	Field string
-	// Reason says what is wrong with it.
-	Reason string
-}
-
-func (e *ConfigError) Error() string { return "invalid config: " + e.Field + ": " + e.Reason }
+// ConfigError reports an invalid configuration field: the one config error
+// type of omnibus (bus.ConfigError), here with Field the struct field's name
+// (dotted for nested ones). It matches bus.ErrInvalidConfig.
+type ConfigError = bus.ConfigError
 
 func configErr(field, format string, args ...any) error {
 	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/omnibus-go/omnibus/bus"
 )
 
 // Defaults of PublisherConfig and SubscriberConfig. A zero field takes its
@@ -62,17 +64,10 @@ const (
 	MaxMaxInFlight = 100_000
 )
 
-// ConfigError reports an invalid configuration field.
-type ConfigError struct {
-	// Field is the name of the offending field, as spelled in the struct.
-	Field string
-	// Reason says what is wrong with it.
-	Reason string
-}
-
-func (e *ConfigError) Error() string {
-	return "invalid config: " + e.Field + ": " + e.Reason
-}
+// ConfigError reports an invalid configuration field: the one config error
+// type of omnibus (bus.ConfigError), here with Field the struct field's name
+// (dotted for nested ones). It matches bus.ErrInvalidConfig.
+type ConfigError = bus.ConfigError
 
 func invalid(field, format string, args ...any) error {
 	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
