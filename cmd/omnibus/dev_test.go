@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
@@ -173,4 +177,54 @@ func TestDevKafka_PortInUseFailsNamingThePort(t *testing.T) {
 	res := cli(t, context.Background(), "dev", "kafka", "--port", port)
 	assert.Equal(t, exitFailure, res.code)
 	assert.Contains(t, res.stderr, "start in-process Kafka on 127.0.0.1:"+port)
+}
+
+// TestDockerCompose_DeclaresTheServicesOnTheirLoopbackPorts checks the
+// repository's docker-compose.yml parses and declares what docs/operations.md
+// says: PostgreSQL 15 with trust auth, Redis 7, a 3-node Redis Cluster and a
+// single-node KRaft Kafka advertised on 127.0.0.1:9092, every port published
+// on 127.0.0.1 only. (Docker is not run here; this is the file's contract.)
+func TestDockerCompose_DeclaresTheServicesOnTheirLoopbackPorts(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(filepath.Join("..", "..", "docker-compose.yml"))
+	require.NoError(t, err)
+	var compose struct {
+		Services map[string]struct {
+			Image       string            `yaml:"image"`
+			Environment map[string]string `yaml:"environment"`
+			Ports       []string          `yaml:"ports"`
+			Command     any               `yaml:"command"`
+		} `yaml:"services"`
+	}
+	require.NoError(t, yaml.Unmarshal(data, &compose), "docker-compose.yml is not valid YAML")
+
+	cases := []struct {
+		service string
+		image   string
+		ports   []string
+		env     map[string]string
+	}{
+		{"postgres", "postgres:15", []string{"127.0.0.1:5432:5432"},
+			map[string]string{"POSTGRES_USER": "postgres", "POSTGRES_HOST_AUTH_METHOD": "trust"}},
+		{"redis", "redis:7", []string{"127.0.0.1:6379:6379"}, nil},
+		{"redis-cluster", "redis:7", []string{"127.0.0.1:7001:7001", "127.0.0.1:7002:7002", "127.0.0.1:7003:7003"}, nil},
+		{"kafka", "apache/kafka:", []string{"127.0.0.1:9092:9092"}, map[string]string{
+			"KAFKA_PROCESS_ROLES":        "broker,controller", // KRaft, no ZooKeeper
+			"KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://127.0.0.1:9092",
+		}},
+	}
+	assert.Len(t, compose.Services, len(cases), "services declared")
+	for _, c := range cases {
+		s, ok := compose.Services[c.service]
+		if !assert.True(t, ok, "service %q missing", c.service) {
+			continue
+		}
+		assert.True(t, strings.HasPrefix(s.Image, c.image), "service %q image %q, want %s…", c.service, s.Image, c.image)
+		assert.Equal(t, c.ports, s.Ports, "ports of service %q", c.service)
+		for k, v := range c.env {
+			assert.Equal(t, v, s.Environment[k], "service %q environment %s", c.service, k)
+		}
+	}
+	assert.Contains(t, fmt.Sprint(compose.Services["redis-cluster"].Command),
+		"redis-cli --cluster create 127.0.0.1:7001 127.0.0.1:7002 127.0.0.1:7003")
 }
