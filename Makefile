@@ -10,7 +10,7 @@ all: build
 build:
 	$(GO) build ./...
 
-## services: start PostgreSQL and Redis when they are not reachable
+## services: start PostgreSQL, Redis and a 3-node Redis Cluster (127.0.0.1:7001-7003) when they are not reachable
 services:
 	@bash scripts/services.sh
 

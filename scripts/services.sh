@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Starts the services the tests and the demo need, when they are not already
-# reachable: PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth) and
-# Redis on 127.0.0.1:6379. Uses installed binaries, else installs the Debian
-# packages. Does nothing when both answer.
+# reachable: PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth), Redis
+# on 127.0.0.1:6379 and a 3-node Redis Cluster on 127.0.0.1:7001-7003 (no
+# replicas, no persistence). Uses installed binaries, else installs the
+# Debian packages. Does nothing for a service that already answers (the
+# cluster: CLUSTER INFO reports cluster_state:ok).
 set -euo pipefail
 
 PG_PORT=5432
 REDIS_PORT=6379
-ONLY="${1:-all}" # all | postgres | redis
+CLUSTER_PORTS=(7001 7002 7003)
+CLUSTER_DIR="${OMNIBUS_REDIS_CLUSTER_DIR:-/var/lib/omnibus-redis-cluster}"
+ONLY="${1:-all}" # all | postgres | redis | redis-cluster
 
 reachable() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -60,10 +64,7 @@ start_redis() {
 		echo "services: Redis is up on 127.0.0.1:$REDIS_PORT"
 		return
 	fi
-	if ! command -v redis-server >/dev/null 2>&1; then
-		echo "services: installing Redis from Debian packages"
-		apt_install redis-server
-	fi
+	ensure_redis_binaries
 	echo "services: starting Redis"
 	as_root mkdir -p /var/lib/redis /var/log/redis
 	as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port $REDIS_PORT --save "" --appendonly no \
@@ -71,9 +72,66 @@ start_redis() {
 	wait_for Redis $REDIS_PORT
 }
 
+ensure_redis_binaries() {
+	if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+		echo "services: installing Redis from Debian packages"
+		apt_install redis-server redis-tools
+	fi
+}
+
+cluster_ok() {
+	command -v redis-cli >/dev/null 2>&1 || return 1
+	local port
+	for port in "${CLUSTER_PORTS[@]}"; do
+		redis-cli -h 127.0.0.1 -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+	done
+}
+
+start_redis_cluster() {
+	local ports="${CLUSTER_PORTS[*]}"
+	if cluster_ok; then
+		echo "services: Redis Cluster is up on 127.0.0.1:${ports// /,}"
+		return
+	fi
+	ensure_redis_binaries
+	local port nodes=()
+	for port in "${CLUSTER_PORTS[@]}"; do
+		nodes+=("127.0.0.1:$port")
+		if reachable "$port"; then
+			continue
+		fi
+		# A node that is not running starts afresh: its old cluster config
+		# names a cluster that no longer exists.
+		as_root mkdir -p "$CLUSTER_DIR/$port"
+		as_root rm -f "$CLUSTER_DIR/$port/nodes.conf"
+		echo "services: starting Redis Cluster node on 127.0.0.1:$port"
+		as_root redis-server --daemonize yes --bind 127.0.0.1 --port "$port" \
+			--cluster-enabled yes --cluster-config-file "$CLUSTER_DIR/$port/nodes.conf" \
+			--cluster-node-timeout 5000 --save "" --appendonly no \
+			--dir "$CLUSTER_DIR/$port" --logfile "$CLUSTER_DIR/$port/redis.log"
+		wait_for "Redis Cluster node" "$port"
+	done
+	# Nodes that already know each other (a cluster still converging) need
+	# no create; empty nodes do.
+	local known
+	known=$(redis-cli -h 127.0.0.1 -p "${CLUSTER_PORTS[0]}" cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')
+	if [ "${known:-1}" -lt "${#CLUSTER_PORTS[@]}" ]; then
+		echo "services: creating the Redis Cluster over ${nodes[*]}"
+		redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
+	fi
+	for _ in $(seq 1 60); do
+		cluster_ok && { echo "services: Redis Cluster is up on 127.0.0.1:${ports// /,}"; return 0; }
+		sleep 0.5
+	done
+	echo "services: Redis Cluster on ${nodes[*]} did not reach cluster_state:ok;" \
+		"stop those nodes and delete $CLUSTER_DIR to start afresh" >&2
+	return 1
+}
+
 case "$ONLY" in
-all) start_postgres; start_redis ;;
+all) start_postgres; start_redis; start_redis_cluster ;;
 postgres) start_postgres ;;
 redis) start_redis ;;
-*) echo "usage: $0 [all|postgres|redis]" >&2; exit 2 ;;
+redis-cluster) start_redis_cluster ;;
+*) echo "usage: $0 [all|postgres|redis|redis-cluster]" >&2; exit 2 ;;
 esac

@@ -8,6 +8,7 @@
 //	omnibus inbox  stats|failed|show|requeue|cleanup|release-leases|sweep-lanes
 //	omnibus config check               load, validate and print the config (secrets redacted)
 //	omnibus demo [--keep]              the whole pipeline end to end, with a summary
+//	omnibus dev kafka [--port 9092]    an in-process Kafka (kfake) for local work, until Ctrl-C
 //	omnibus --version                  module version, commit and Go version
 //
 // The configuration comes from --config (or OMNIBUS_CONFIG) and the OMNIBUS_*

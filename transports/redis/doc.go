@@ -37,6 +37,21 @@
 // decode (written by something else) is copied to the dead-letter stream
 // with the reason and acknowledged; it never stops the subscription.
 //
+// # Redis Cluster
+//
+// Pass a *goredis.ClusterClient as Client (Addr opens a client for a single
+// server only). Every command and Lua script the transport sends touches one
+// key, and a stream's consumer group lives in the stream's key, so a stream
+// and its dead-letter stream need not share a slot and need no {hash tag}:
+// the dead-letter copy is its own XADD, followed by the XACK on the stream
+// (a crash between the two can leave a copy in the dead-letter stream of an
+// entry that is then delivered again: at least once). The Publisher's
+// pipelines may mix streams of several nodes; the client splits them per
+// node and each stream keeps the order of its Publish calls. The universal
+// suite (in short mode), reclaiming, dead-lettering onto another node and
+// per-key order are tested against a 3-node cluster. Moving slots
+// (resharding) while publishing is not tested.
+//
 // # TLS and ACL
 //
 // A Publisher or Subscriber opened from Addr authenticates as Username with

@@ -13,16 +13,44 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// env is one test's Redis: the shared client and a key prefix of its own.
+// env is one test's Redis: the shared client (of the single server or of
+// the cluster) and a key prefix of its own.
 type env struct {
 	t      *testing.T
-	client *goredis.Client
+	client goredis.UniversalClient
 	prefix string
 }
 
+// newEnv is the single Redis server at OMNIBUS_TEST_REDIS_ADDR.
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	return &env{t: t, client: testenv.Redis(t), prefix: testenv.RedisPrefix(t)}
+}
+
+// newClusterEnv is the Redis Cluster at OMNIBUS_TEST_REDIS_CLUSTER_ADDRS.
+// Its prefix carries no hash tag, so a test's streams (and their dead-letter
+// streams) spread over the cluster's nodes.
+func newClusterEnv(t *testing.T) *env {
+	t.Helper()
+	return &env{t: t, client: testenv.RedisCluster(t), prefix: testenv.RedisClusterPrefix(t)}
+}
+
+// forEachServer runs body as two parallel subtests: "single" against the
+// single server and "cluster" against the Redis Cluster.
+func forEachServer(t *testing.T, body func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, s := range []struct {
+		name string
+		env  func(*testing.T) *env
+	}{
+		{"single", newEnv},
+		{"cluster", newClusterEnv},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			body(t, s.env(t))
+		})
+	}
 }
 
 // fastSubscriberConfig returns a config with short timings so tests run in

@@ -25,8 +25,23 @@ import (
 // TestSubscriber_OrderByKeyHandsOutOneAtATimeInStreamOrder.
 func TestPubSub(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	runUniversalSuite(t, newEnv(t), false)
+}
 
+// TestPubSub_RedisCluster runs the same suite against a 3-node Redis
+// Cluster, whose streams (and their dead-letter streams) the test prefix
+// spreads over the nodes, in short mode (ForceShort): about 5 s instead of
+// about 35 s under -race on two cores. Short mode goes through every test
+// of the suite, so every command, script and pipeline of the transport
+// through a ClusterClient, with fewer messages; the single server's run
+// above is full size. TestSoak_PubSubRedisClusterFullSize (`make soak`)
+// runs the cluster at full size.
+func TestPubSub_RedisCluster(t *testing.T) {
+	t.Parallel()
+	runUniversalSuite(t, newClusterEnv(t), true)
+}
+
+func runUniversalSuite(t *testing.T, e *env, short bool) {
 	newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: e.client, StreamPrefix: e.prefix}, nil)
 		require.NoError(t, err)
@@ -44,6 +59,7 @@ func TestPubSub(t *testing.T) {
 			ExactlyOnceDelivery:              false,
 			GuaranteedOrder:                  false,
 			NewSubscriberReceivesOldMessages: false,
+			ForceShort:                       short,
 		},
 		func(t *testing.T) (message.Publisher, message.Subscriber) { return newPubSub(t, "universal") },
 		newPubSub,

@@ -22,7 +22,10 @@ import (
 
 func TestSubscriber_ReclaimsEntriesOfADeadConsumer(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	forEachServer(t, testReclaimsEntriesOfADeadConsumer)
+}
+
+func testReclaimsEntriesOfADeadConsumer(t *testing.T, e *env) {
 	ctx := context.Background()
 	const topic, group = "orders", "billing"
 	stream := e.prefix + topic
@@ -106,7 +109,10 @@ func TestSubscriber_CloseHandsHeldEntriesBackAtOnce(t *testing.T) {
 
 func TestSubscriber_NackWithSettlementDelayRedeliversLaterThenDeadLetters(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	forEachServer(t, testNackWithSettlementDelayRedeliversLaterThenDeadLetters)
+}
+
+func testNackWithSettlementDelayRedeliversLaterThenDeadLetters(t *testing.T, e *env) {
 	ctx := context.Background()
 	const topic, group = "orders", "billing"
 	stream := e.prefix + topic
@@ -254,7 +260,10 @@ func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
 
 func TestSubscriber_UndecodableEntryGoesToDeadLetterStream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	forEachServer(t, testUndecodableEntryGoesToDeadLetterStream)
+}
+
+func testUndecodableEntryGoesToDeadLetterStream(t *testing.T, e *env) {
 	ctx := context.Background()
 	const topic, group = "orders", "billing"
 	stream := e.prefix + topic
@@ -402,7 +411,10 @@ func pendingDeliveries(t *testing.T, e *env, stream, group, id string) int64 {
 // must be handled one message at a time, in the order it was published.
 func TestSubscriber_OrderByKeyKeepsEachKeysOrderWithManyInFlight(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	forEachServer(t, testOrderByKeyKeepsEachKeysOrderWithManyInFlight)
+}
+
+func testOrderByKeyKeepsEachKeysOrderWithManyInFlight(t *testing.T, e *env) {
 	const topic, group = "orders", "billing"
 	const keys, perKey = 8, 40
 	cfg := e.fastSubscriberConfig(group)
