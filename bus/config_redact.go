@@ -427,7 +427,13 @@ func parseKeyValue(s string) kvResult {
 			return fail(start, key, "the quoted value of key %q has no closing quote", key)
 		}
 		if secretKey(key) {
-			r.spans = append(r.spans, span{start, end})
+			sp := span{start, end}
+			if start < len(s) && s[start] == '\'' {
+				// Mask inside the quotes: a value glued to the next word
+				// (password='x'y=) stays a value of its own once masked.
+				sp = span{start + 1, end - 1}
+			}
+			r.spans = append(r.spans, sp)
 		}
 		r.pairs++
 		lastKey = key

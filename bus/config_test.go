@@ -289,7 +289,7 @@ func TestRedactDSN(t *testing.T) {
 		"postgresql://u@h/db":                            "postgresql://u@h/db",
 		"postgres://h/db?user=u&password=secret":         "postgres://h/db?user=u&password=REDACTED",
 		"host=h user=u password=secret dbname=d":         "host=h user=u password=REDACTED dbname=d",
-		"host=h password = 'se cret' dbname=d":           "host=h password = REDACTED dbname=d",
+		"host=h password = 'se cret' dbname=d":           "host=h password = 'REDACTED' dbname=d",
 		"postgres://u:sec:ret@h:bad/db%zz":               "postgres://u:REDACTED@h:bad/db%zz",
 		"":                                               "",
 		"parse \"postgres://u:pw@h:x/\": invalid port":   "parse \"postgres://u:REDACTED@h:x/\": invalid port",
@@ -304,7 +304,7 @@ func TestRedactDSN_ParsesBeforeItMasks(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, in, want string }{
 		{"key=value with :// in another value", "host=db password=s3cret application_name=svc://worker", "host=db password=REDACTED application_name=svc://worker"},
-		{"key=value escaped quote", `password='it\'s' host=h`, "password=REDACTED host=h"},
+		{"key=value escaped quote", `password='it\'s' host=h`, "password='REDACTED' host=h"},
 		{"key=value escaped space", `password=a\ b host=h`, "password=REDACTED host=h"},
 		{"key=value sslpassword", "sslkey=/k.pem sslpassword=pp", "sslkey=/k.pem sslpassword=REDACTED"},
 		{"key=value: the word after = is the value, even after a space", "host=h password= dbname=d", "host=h password= REDACTED"},
