@@ -71,9 +71,20 @@ start_redis() {
 	wait_for Redis $REDIS_PORT
 }
 
+# Headless Debian chromium drives the console's browser tests (chromedp).
+install_chromium() {
+	if command -v chromium >/dev/null 2>&1; then
+		echo "services: chromium is installed"
+		return
+	fi
+	echo "services: installing chromium from Debian packages"
+	apt_install chromium
+}
+
 case "$ONLY" in
-all) start_postgres; start_redis ;;
+all) start_postgres; start_redis; install_chromium ;;
 postgres) start_postgres ;;
 redis) start_redis ;;
-*) echo "usage: $0 [all|postgres|redis]" >&2; exit 2 ;;
+chromium) install_chromium ;;
+*) echo "usage: $0 [all|postgres|redis|chromium]" >&2; exit 2 ;;
 esac
