@@ -816,8 +816,9 @@ func (a *Admin) ConsumerGroups(ctx context.Context) ([]string, error) {
 // LaneState is the lane of one key.
 type LaneState struct {
 	// Blocked reports a key frozen behind a failed row by the Block policy.
-	Blocked     bool
-	ReadyAt     time.Time
+	Blocked bool
+	// ReadyAt is when relays may take the key next; nil while blocked.
+	ReadyAt     *time.Time
 	LockedBy    string     // "" when not leased
 	LockedUntil *time.Time // nil when not leased
 }

@@ -390,7 +390,7 @@ ORDER BY 1`)
 	}
 
 	q.lane = r.Replace(`
-SELECT l.blocked, l.ready_at, COALESCE(l.locked_by, ''), l.locked_until
+SELECT l.blocked, NULLIF(l.ready_at, 'infinity'), COALESCE(l.locked_by, ''), l.locked_until
 FROM {L} l
 WHERE l.consumer_group = @lgroup AND l.topic = @topic AND l.partition_key = @key`)
 
