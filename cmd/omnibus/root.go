@@ -112,6 +112,7 @@ Exit status: 0 success, 1 runtime failure, 2 bad usage or configuration.`,
 		a.adminCommand("inbox"),
 		a.configCommand(),
 		a.demoCommand(),
+		a.consoleCommand(),
 	)
 	return root
 }
