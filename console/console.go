@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -14,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/omnibus-go/omnibus/bus"
@@ -117,6 +119,13 @@ type Console struct {
 	pages   map[string]*pageTemplate
 	csrfKey []byte
 	handler http.Handler
+
+	// Sparklines are computed in the background, at most once per bucket.
+	sparkMu sync.Mutex
+	sparks  map[string]*sparkEntry
+	ctx     context.Context // ends at Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 // New validates cfg and builds the console. A nil logger means no logging.
@@ -135,7 +144,9 @@ func New(cfg Config, logger *slog.Logger) (*Console, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("console CSRF key: %w", err)
 	}
-	c := &Console{cfg: cfg, log: bus.LoggerOrNop(logger), tables: cfg.Tables, pages: pages, csrfKey: key}
+	c := &Console{cfg: cfg, log: bus.LoggerOrNop(logger), tables: cfg.Tables, pages: pages, csrfKey: key,
+		sparks: map[string]*sparkEntry{}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 
 	static, err := fs.Sub(assetsFS, "assets")
 	if err != nil {
@@ -152,6 +163,14 @@ func New(cfg Config, logger *slog.Logger) (*Console, error) {
 	mux.HandleFunc("POST /action", c.action)
 	c.handler = c.secure(http.NewCrossOriginProtection().Handler(mux))
 	return c, nil
+}
+
+// Close stops the console's background work (sparkline queries) and waits
+// for it. It does not close the Admins' pool, which stays the caller's.
+func (c *Console) Close() error {
+	c.cancel()
+	c.wg.Wait()
+	return nil
 }
 
 // ServeHTTP serves the console's pages.

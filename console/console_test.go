@@ -39,7 +39,10 @@ func TestOverview_CountsEveryTableAndConsumerGroup(t *testing.T) {
 	assert.Equal(t, "2", cell(t, body, f.inbox, "billing", "pending"), "inbox group billing is listed with its rows")
 	assert.Equal(t, "–", cell(t, body, f.inbox, "billing", "completed"), "a group's completed rows are not counted")
 	assert.Contains(t, body, `data-live="/live"`, "the overview refreshes itself from /live")
-	assert.Contains(t, body, `<polyline`, "a throughput sparkline is drawn")
+	waitFor(t, "a throughput sparkline to be drawn", func() bool {
+		_, body := f.get("/live")
+		return strings.Contains(body, "<polyline")
+	})
 }
 
 func TestOverviewLive_ServesTheFiguresAsTheyAreNow(t *testing.T) {
@@ -63,7 +66,11 @@ func TestOverview_CompletedRowsAndThroughputCountDeliveries(t *testing.T) {
 	waitFor(t, "3 rows completed", func() bool { return f.overview(f.outAdm).Completed == 3 })
 	_, body := f.get("/")
 	assert.Equal(t, "3", cell(t, body, f.outbox, "", "completed"))
-	assert.Equal(t, "3", cell(t, body, f.outbox, "", "spark"), "the last hour's sparkline totals the 3 deliveries")
+	// The sparkline is computed in the background, then shown.
+	waitFor(t, "the last hour's sparkline to total the 3 deliveries", func() bool {
+		_, body := f.get("/live")
+		return cell(t, body, f.outbox, "", "spark") == "3"
+	})
 }
 
 func TestHeldKeys_ListsRetryingAndBlockedKeysWithTheirHeadRow(t *testing.T) {
@@ -429,6 +436,7 @@ func TestPages_ShowNoSecretAndHideDatabaseErrors(t *testing.T) {
 	require.NoError(t, err)
 	c, err := console.New(console.Config{Tables: []*postgres.Admin{missing, f.outAdm}}, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
 	srv := newServer(t, c)
 
 	_, body := getURL(t, srv+"/")

@@ -70,7 +70,7 @@ func newFixture(t *testing.T, configure func(*console.Config)) *fixture {
 	c, err := console.New(cfg, slog.New(slog.NewTextHandler(f.logs, nil)))
 	require.NoError(t, err)
 	f.srv = httptest.NewServer(c)
-	t.Cleanup(f.srv.Close)
+	t.Cleanup(func() { f.srv.Close(); _ = c.Close() })
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
 	f.client = &http.Client{Jar: jar}

@@ -46,7 +46,7 @@ func (c *Console) tableViews(ctx context.Context) ([]tableView, error) {
 			continue
 		}
 		v.Behind = st.Behind()
-		if err := fillView(ctx, a, &v); err != nil {
+		if err := c.fillView(ctx, a, &v); err != nil {
 			return nil, err
 		}
 		groups, err := a.ConsumerGroups(ctx)
@@ -59,7 +59,7 @@ func (c *Console) tableViews(ctx context.Context) ([]tableView, error) {
 				return nil, err
 			}
 			gv := tableView{Name: v.Name, Kind: v.Kind, Group: g}
-			if err := fillView(ctx, ga, &gv); err != nil {
+			if err := c.fillView(ctx, ga, &gv); err != nil {
 				return nil, err
 			}
 			v.Groups = append(v.Groups, gv)
@@ -69,7 +69,7 @@ func (c *Console) tableViews(ctx context.Context) ([]tableView, error) {
 	return out, nil
 }
 
-func fillView(ctx context.Context, a *postgres.Admin, v *tableView) error {
+func (c *Console) fillView(ctx context.Context, a *postgres.Admin, v *tableView) error {
 	var err error
 	if v.O, err = a.Overview(ctx); err != nil {
 		return err
@@ -77,12 +77,52 @@ func fillView(ctx context.Context, a *postgres.Admin, v *tableView) error {
 	if v.Leases, err = a.Leases(ctx); err != nil {
 		return err
 	}
-	counts, err := a.Throughput(ctx, sparkWindow, sparkBucket)
-	if err != nil {
-		return err
-	}
-	v.Spark = newSparkline(counts)
+	v.Spark = c.spark(a)
 	return nil
+}
+
+// sparkEntry is the last sparkline computed for one table (and group).
+type sparkEntry struct {
+	line       sparkline
+	at         time.Time
+	refreshing bool
+}
+
+// spark returns the table's sparkline as last computed, and starts
+// computing it again in the background when it is a bucket old. Reading an
+// hour of completed rows costs what an hour of traffic costs, so no page
+// waits for it, and it runs at most once a minute per table and group
+// whatever the number of viewers.
+func (c *Console) spark(a *postgres.Admin) sparkline {
+	key := a.Table().Name + "\x00" + a.ConsumerGroup()
+	c.sparkMu.Lock()
+	defer c.sparkMu.Unlock()
+	e := c.sparks[key]
+	if e == nil {
+		e = &sparkEntry{}
+		c.sparks[key] = e
+	}
+	if !e.refreshing && time.Since(e.at) >= sparkBucket && c.ctx.Err() == nil {
+		e.refreshing = true
+		c.wg.Add(1)
+		go c.refreshSpark(a, e)
+	}
+	return e.line
+}
+
+func (c *Console) refreshSpark(a *postgres.Admin, e *sparkEntry) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
+	defer cancel()
+	counts, err := a.Throughput(ctx, sparkWindow, sparkBucket)
+	c.sparkMu.Lock()
+	defer c.sparkMu.Unlock()
+	e.refreshing, e.at = false, time.Now() // a failure, too, waits a bucket before the next try
+	if err != nil {
+		c.log.Warn("console: throughput", "table", a.Table().Name, "error", err)
+		return
+	}
+	e.line = newSparkline(counts)
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {

@@ -179,6 +179,7 @@ func formatPayload(b []byte) (text, kind string) {
 
 // sparkline is an SVG polyline of counts per bucket.
 type sparkline struct {
+	Ready  bool // computed at least once
 	Points string
 	Total  int64
 	Max    int64
@@ -187,7 +188,7 @@ type sparkline struct {
 }
 
 func newSparkline(counts []int64) sparkline {
-	s := sparkline{Width: 180, Height: 28}
+	s := sparkline{Ready: true, Width: 180, Height: 28}
 	for _, n := range counts {
 		s.Total += n
 		s.Max = max(s.Max, n)

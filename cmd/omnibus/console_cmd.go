@@ -86,6 +86,7 @@ the password of HTTP basic auth with any user name) or
 			if err != nil {
 				return err
 			}
+			defer c.Close()
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("console: listen on %s: %w", listen, err)
