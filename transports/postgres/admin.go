@@ -711,17 +711,20 @@ type FailedFilter struct {
 // IsZero reports a filter that selects every failed row.
 func (f FailedFilter) IsZero() bool { return f == FailedFilter{} }
 
+// args sets the named arguments of the conditions failedConditions adds.
 func (f FailedFilter) args(na pgx.NamedArgs) pgx.NamedArgs {
-	na["topic"], na["key"], na["err"] = f.Topic, f.PartitionKey, f.ErrorContains
-	na["from"], na["to"] = nullTime(f.CreatedFrom), nullTime(f.CreatedBefore)
-	return na
-}
-
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
+	for name, v := range map[string]any{"topic": f.Topic, "key": f.PartitionKey, "err": f.ErrorContains} {
+		if v != "" {
+			na[name] = v
+		}
 	}
-	return &t
+	if !f.CreatedFrom.IsZero() {
+		na["from"] = f.CreatedFrom
+	}
+	if !f.CreatedBefore.IsZero() {
+		na["to"] = f.CreatedBefore
+	}
+	return na
 }
 
 // ListFailedMatching is ListFailed restricted to the rows f selects.
@@ -734,7 +737,7 @@ func (a *Admin) ListFailedMatching(ctx context.Context, f FailedFilter, limit in
 	case limit == 0:
 		limit = DefaultListLimit
 	}
-	rows, err := a.pool.Query(ctx, a.cq().failedMatching,
+	rows, err := a.pool.Query(ctx, a.cq().failedMatching(f),
 		a.args(f.args(pgx.NamedArgs{"after": afterID, "limit": limit})))
 	if err != nil {
 		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
@@ -755,7 +758,7 @@ func (a *Admin) ListFailedMatching(ctx context.Context, f FailedFilter, limit in
 // failed index: its cost grows with the failed rows only).
 func (a *Admin) CountFailedMatching(ctx context.Context, f FailedFilter) (int64, error) {
 	var n int64
-	if err := a.pool.QueryRow(ctx, a.cq().countMatching, a.args(f.args(pgx.NamedArgs{}))).Scan(&n); err != nil {
+	if err := a.pool.QueryRow(ctx, a.cq().countMatching(f), a.args(f.args(pgx.NamedArgs{}))).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count failed rows of %q: %w", a.tn, err)
 	}
 	return n, nil

@@ -205,15 +205,15 @@ WHERE t.id = @id` + filter
 // without a bound: the console must stay fast on a table of millions of
 // delivered rows.
 type consoleQueries struct {
-	overview       string
-	heldKeys       string
-	leases         string
-	throughput     string
-	failedMatching string
-	countMatching  string
-	groups         string
-	lane           string
-	discard        string
+	overview   string
+	heldKeys   string
+	leases     string
+	throughput string
+	failedCols string
+	failedFrom string
+	groups     string
+	lane       string
+	discard    string
 }
 
 func newConsoleQueries(t tableName, inbox, byGroup bool) consoleQueries {
@@ -342,22 +342,15 @@ FROM {T} t
 WHERE t.status = 'completed' AND t.completed_at > now() - make_interval(secs => @window){G_T}
 GROUP BY 1`)
 
-	matching := `
-FROM {T} t
-WHERE t.status = 'failed'{G_T}
-  AND (@topic::text = '' OR t.topic = @topic)
-  AND (@key::text = '' OR t.partition_key = @key)
-  AND (@err::text = '' OR strpos(lower(COALESCE(t.last_error, '')), lower(@err)) > 0)
-  AND (@from::timestamptz IS NULL OR t.created_at >= @from)
-  AND (@to::timestamptz IS NULL OR t.created_at < @to)`
-	q.failedMatching = r.Replace(`
+	// The filter's conditions are added as the filter asks (failedConditions)
+	// rather than written as "@x = '' OR …", so that the plan of each shape
+	// of filter fits it, cached generic plans included.
+	q.failedCols = r.Replace(`
 SELECT t.id, COALESCE(t.event_id::text, ''), {GCOL}, t.topic, COALESCE(t.partition_key, ''),
-       COALESCE(t.event_type, ''), t.attempts, t.max_attempts, COALESCE(t.last_error, ''), t.created_at` +
-		matching + `
-  AND t.id > @after
-ORDER BY t.id
-LIMIT @limit`)
-	q.countMatching = r.Replace(`SELECT count(*)` + matching)
+       COALESCE(t.event_type, ''), t.attempts, t.max_attempts, COALESCE(t.last_error, ''), t.created_at`)
+	q.failedFrom = r.Replace(`
+FROM {T} t
+WHERE t.status = 'failed'{G_T}`)
 
 	// Consumer groups with pending or failed rows, by skipping through the
 	// lanes' primary key and the partial indexes that lead with the group
@@ -410,4 +403,39 @@ WITH d AS (
 )
 SELECT count(*), COALESCE(max(d.event_id), '') FROM d`)
 	return q
+}
+
+// failedConditions are the conditions of f, on the row alias t, with the
+// named arguments FailedFilter.args sets.
+func failedConditions(f FailedFilter) string {
+	var b strings.Builder
+	if f.Topic != "" {
+		b.WriteString(" AND t.topic = @topic")
+	}
+	if f.PartitionKey != "" {
+		b.WriteString(" AND t.partition_key = @key")
+	}
+	if f.ErrorContains != "" {
+		b.WriteString(" AND strpos(lower(COALESCE(t.last_error, '')), lower(@err)) > 0")
+	}
+	if !f.CreatedFrom.IsZero() {
+		b.WriteString(" AND t.created_at >= @from")
+	}
+	if !f.CreatedBefore.IsZero() {
+		b.WriteString(" AND t.created_at < @to")
+	}
+	return b.String()
+}
+
+// failedMatching lists the failed rows f selects after @after, @limit at most.
+func (q consoleQueries) failedMatching(f FailedFilter) string {
+	return q.failedCols + q.failedFrom + failedConditions(f) + `
+  AND t.id > @after
+ORDER BY t.id
+LIMIT @limit`
+}
+
+// countMatching counts the failed rows f selects.
+func (q consoleQueries) countMatching(f FailedFilter) string {
+	return `SELECT count(*)` + q.failedFrom + failedConditions(f)
 }
