@@ -263,11 +263,22 @@ func TestAction_RequeueSelectionAndAllMatching(t *testing.T) {
 func TestAction_DiscardDeletesTheFailedRowAndLiftsTheBlock(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	failedID, _ := f.blockedKey("payments", "acct-1")
+	failedID, behindID := f.blockedKey("payments", "acct-1")
 	token := f.csrf()
+
+	// A pending row is never discarded.
+	code, body := f.post(url.Values{"csrf": {token}, "action": {"discard"}, "confirm": {"yes"}, "t": {f.outbox},
+		"id": {strconv.FormatInt(behindID, 10)}})
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "Discarded 0 of 1 row(s)")
+	assert.Contains(t, body, "no failed row has this id")
+	row, err := f.outAdm.Row(context.Background(), behindID)
+	require.NoError(t, err)
+	assert.Equal(t, "pending", row.Status)
+
 	form := url.Values{"csrf": {token}, "action": {"discard"}, "t": {f.outbox}, "id": {strconv.FormatInt(failedID, 10)}}
 
-	code, body := f.post(form)
+	code, body = f.post(form)
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, "deleted for good")
 	assert.Contains(t, body, "discarding row "+strconv.FormatInt(failedID, 10)+" lifts the block")
@@ -277,7 +288,7 @@ func TestAction_DiscardDeletesTheFailedRowAndLiftsTheBlock(t *testing.T) {
 	assert.Contains(t, body, "Discarded 1 of 1 row(s)")
 	assert.Contains(t, f.logs.String(), "discarded a failed row", "a discard is logged with the row's event id")
 
-	_, err := f.outAdm.Row(context.Background(), failedID)
+	_, err = f.outAdm.Row(context.Background(), failedID)
 	assert.ErrorIs(t, err, postgres.ErrNotFound, "the row is gone")
 	tgt := &target{}
 	f.relay(tgt, postgres.FailedBlock, middleware.NoDelay)
