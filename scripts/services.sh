@@ -128,10 +128,21 @@ start_redis_cluster() {
 	return 1
 }
 
+# Headless Debian chromium drives the console's browser tests (chromedp).
+install_chromium() {
+	if command -v chromium >/dev/null 2>&1; then
+		echo "services: chromium is installed"
+		return
+	fi
+	echo "services: installing chromium from Debian packages"
+	apt_install chromium
+}
+
 case "$ONLY" in
-all) start_postgres; start_redis; start_redis_cluster ;;
+all) start_postgres; start_redis; start_redis_cluster; install_chromium ;;
 postgres) start_postgres ;;
 redis) start_redis ;;
 redis-cluster) start_redis_cluster ;;
-*) echo "usage: $0 [all|postgres|redis|redis-cluster]" >&2; exit 2 ;;
+chromium) install_chromium ;;
+*) echo "usage: $0 [all|postgres|redis|redis-cluster|chromium]" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@
 //	omnibus ingest                     broker → inbox, with /metrics, /healthz and /readyz (127.0.0.1:9465)
 //	omnibus outbox stats|failed|show|requeue|cleanup|release-leases|sweep-lanes
 //	omnibus inbox  stats|failed|show|requeue|cleanup|release-leases|sweep-lanes
+//	omnibus console [--read-only]      admin web console on 127.0.0.1:8090 (docs/console.md)
 //	omnibus config check               load, validate and print the config (secrets redacted)
 //	omnibus demo [--keep]              the whole pipeline end to end, with a summary
 //	omnibus dev kafka [--port 9092]    an in-process Kafka (kfake) for local work, until Ctrl-C

@@ -113,6 +113,7 @@ Exit status: 0 success, 1 runtime failure, 2 bad usage or configuration.`,
 		a.configCommand(),
 		a.demoCommand(),
 		a.devCommand(),
+		a.consoleCommand(),
 	)
 	return root
 }

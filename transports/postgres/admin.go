@@ -504,3 +504,361 @@ func (a *Admin) Row(ctx context.Context, id int64) (Row, error) {
 	}
 	return r, nil
 }
+
+// Admin console reads and actions. They are built to stay fast on a table
+// holding millions of completed rows: they read pending rows through the
+// partial per-key index, failed rows through the partial failed index and
+// completed rows through the partial index on completed_at, and never count
+// every completed row.
+
+// DefaultCompletedCountCap is how many completed rows Overview counts
+// exactly; past it, it reports the planner's estimate.
+const DefaultCompletedCountCap = 10000
+
+// cq returns the console statements of the Admin's table (and group).
+func (a *Admin) cq() consoleQueries { return newConsoleQueries(a.tn, a.inbox, a.group != nil) }
+
+// Overview is Stats without a scan of the completed rows: a snapshot of the
+// pending and failed rows and of the keys, taken in one statement.
+type Overview struct {
+	// Pending, Due, Leased, ExpiredLeases, Failed, Lanes, HeldKeys and
+	// BlockedKeys mean what they mean in Stats.
+	Pending, Due, Leased, ExpiredLeases, Failed int64
+	// Delayed rows are pending, never tried and scheduled in the future.
+	Delayed int64
+	// Retrying rows are pending, tried at least once and waiting for their
+	// retry time.
+	Retrying int64
+	// Completed is the number of completed rows when CompletedExact; else
+	// an estimate from the table's statistics (pg_class.reltuples minus the
+	// pending and failed rows), or -1 when unknown (an Admin restricted to
+	// a consumer group does not count completed rows).
+	Completed      int64
+	CompletedExact bool
+	// OldestPendingAge is how long ago the oldest pending row was created.
+	OldestPendingAge             time.Duration
+	Lanes, HeldKeys, BlockedKeys int64
+}
+
+// Overview counts pending and failed rows exactly, completed rows up to
+// DefaultCompletedCountCap (and estimates beyond), and the keys.
+func (a *Admin) Overview(ctx context.Context) (Overview, error) {
+	var (
+		o              Overview
+		oldest         *time.Time
+		now            time.Time
+		counted, tuple int64
+	)
+	err := a.pool.QueryRow(ctx, a.cq().overview,
+		a.args(pgx.NamedArgs{"cap": DefaultCompletedCountCap + 1, "table": a.tn.quoted()})).Scan(
+		&o.Pending, &o.Due, &o.Leased, &o.ExpiredLeases, &o.Delayed, &o.Retrying, &oldest, &now, &o.Failed,
+		&counted, &tuple, &o.Lanes, &o.BlockedKeys, &o.HeldKeys)
+	if err != nil {
+		return Overview{}, fmt.Errorf("overview of %q: %w", a.tn, err)
+	}
+	if oldest != nil && now.After(*oldest) {
+		o.OldestPendingAge = now.Sub(*oldest)
+	}
+	switch {
+	case counted < 0:
+		o.Completed = -1
+	case counted <= DefaultCompletedCountCap:
+		o.Completed, o.CompletedExact = counted, true
+	default:
+		o.Completed = max(tuple-o.Pending-o.Failed, DefaultCompletedCountCap)
+	}
+	return o, nil
+}
+
+// HeldKey is a key whose deliveries are held back by its head row.
+type HeldKey struct {
+	ConsumerGroup string // inbox only
+	Topic         string
+	PartitionKey  string
+	// Blocked reports a lane frozen behind a failed row by the Block policy.
+	Blocked bool
+	// Head is the row holding the key: a pending row waiting for its retry,
+	// or, when Blocked, the failed row.
+	HeadID      int64
+	HeadStatus  string
+	Attempts    int
+	MaxAttempts int
+	// NextRetry is the head's scheduled time (meaningful when pending).
+	NextRetry time.Time
+	LastError string
+	// HeadCreatedAt is when the head row was written: keys are listed by it,
+	// oldest first, as the ones held the longest.
+	HeadCreatedAt time.Time
+}
+
+// HeldKeys lists up to limit keys (0: DefaultListLimit) held by a tried head
+// waiting for its retry or blocked behind a failed row, those whose head is
+// oldest first; topic, when not empty, keeps only that topic's keys. It
+// visits the head of every lane, so its cost grows with the keys that have
+// pending rows, not with the rows.
+func (a *Admin) HeldKeys(ctx context.Context, topic string, limit int) ([]HeldKey, error) {
+	if limit < 0 {
+		return nil, fmt.Errorf("held keys of %q: limit: must not be negative, got %d", a.tn, limit)
+	}
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	rows, err := a.pool.Query(ctx, a.cq().heldKeys, a.args(pgx.NamedArgs{"topic": topic, "limit": limit}))
+	if err != nil {
+		return nil, fmt.Errorf("held keys of %q: %w", a.tn, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (HeldKey, error) {
+		var k HeldKey
+		err := r.Scan(&k.ConsumerGroup, &k.Topic, &k.PartitionKey, &k.Blocked, &k.HeadID, &k.HeadStatus,
+			&k.Attempts, &k.MaxAttempts, &k.NextRetry, &k.LastError, &k.HeadCreatedAt)
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("held keys of %q: %w", a.tn, err)
+	}
+	return out, nil
+}
+
+// LeaseHolder is a relay or worker instance holding leases on the table.
+type LeaseHolder struct {
+	// Instance is the worker id written in locked_by.
+	Instance string
+	// Rows and Lanes are how many pending rows and lanes it holds.
+	Rows, Lanes int64
+	// FirstExpiry and LastExpiry bound its leases' expiry times.
+	FirstExpiry, LastExpiry time.Time
+	// Expired reports that every lease of the instance has expired: it
+	// stopped without settling (ReleaseExpiredLeases clears them).
+	Expired bool
+}
+
+// Leases lists the instances that hold leases on pending rows or lanes,
+// expired ones included, by instance id.
+func (a *Admin) Leases(ctx context.Context) ([]LeaseHolder, error) {
+	rows, err := a.pool.Query(ctx, a.cq().leases, a.args(nil))
+	if err != nil {
+		return nil, fmt.Errorf("leases of %q: %w", a.tn, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseHolder, error) {
+		var (
+			h     LeaseHolder
+			first *time.Time
+			last  *time.Time
+			now   time.Time
+		)
+		if err := r.Scan(&h.Instance, &h.Rows, &h.Lanes, &first, &last, &now); err != nil {
+			return h, err
+		}
+		if first != nil {
+			h.FirstExpiry = *first
+		}
+		if last != nil {
+			h.LastExpiry = *last
+			h.Expired = last.Before(now)
+		}
+		return h, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("leases of %q: %w", a.tn, err)
+	}
+	return out, nil
+}
+
+// Throughput counts the rows completed in the last window, in buckets of
+// bucket, oldest first: the last element is the latest bucket. It reads the
+// completed rows of the window only (index on completed_at).
+func (a *Admin) Throughput(ctx context.Context, window, bucket time.Duration) ([]int64, error) {
+	if bucket <= 0 || window < bucket {
+		return nil, fmt.Errorf("throughput of %q: window %s and bucket %s: need 0 < bucket <= window", a.tn, window, bucket)
+	}
+	n := int(window / bucket)
+	rows, err := a.pool.Query(ctx, a.cq().throughput,
+		a.args(pgx.NamedArgs{"bucket": bucket.Seconds(), "window": window.Seconds()}))
+	if err != nil {
+		return nil, fmt.Errorf("throughput of %q: %w", a.tn, err)
+	}
+	defer rows.Close()
+	out := make([]int64, n)
+	for rows.Next() {
+		var (
+			ago   int
+			count int64
+		)
+		if err := rows.Scan(&ago, &count); err != nil {
+			return nil, fmt.Errorf("throughput of %q: scan: %w", a.tn, err)
+		}
+		if ago >= 0 && ago < n {
+			out[n-1-ago] += count
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("throughput of %q: %w", a.tn, err)
+	}
+	return out, nil
+}
+
+// FailedFilter selects failed rows; zero fields select everything.
+type FailedFilter struct {
+	Topic        string
+	PartitionKey string
+	// ErrorContains keeps rows whose last error contains it, ignoring case.
+	ErrorContains string
+	// CreatedFrom and CreatedBefore bound the rows' creation time
+	// (inclusive, exclusive); zero means unbounded.
+	CreatedFrom, CreatedBefore time.Time
+}
+
+// IsZero reports a filter that selects every failed row.
+func (f FailedFilter) IsZero() bool { return f == FailedFilter{} }
+
+// args sets the named arguments of the conditions failedConditions adds.
+func (f FailedFilter) args(na pgx.NamedArgs) pgx.NamedArgs {
+	for name, v := range map[string]any{"topic": f.Topic, "key": f.PartitionKey, "err": f.ErrorContains} {
+		if v != "" {
+			na[name] = v
+		}
+	}
+	if !f.CreatedFrom.IsZero() {
+		na["from"] = f.CreatedFrom
+	}
+	if !f.CreatedBefore.IsZero() {
+		na["to"] = f.CreatedBefore
+	}
+	return na
+}
+
+// ListFailedMatching is ListFailed restricted to the rows f selects.
+func (a *Admin) ListFailedMatching(ctx context.Context, f FailedFilter, limit int, afterID int64) ([]FailedRow, error) {
+	switch {
+	case limit < 0:
+		return nil, fmt.Errorf("list failed rows of %q: limit: must not be negative, got %d", a.tn, limit)
+	case afterID < 0:
+		return nil, fmt.Errorf("list failed rows of %q: afterID: must not be negative, got %d", a.tn, afterID)
+	case limit == 0:
+		limit = DefaultListLimit
+	}
+	rows, err := a.pool.Query(ctx, a.cq().failedMatching(f),
+		a.args(f.args(pgx.NamedArgs{"after": afterID, "limit": limit})))
+	if err != nil {
+		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (FailedRow, error) {
+		var x FailedRow
+		err := r.Scan(&x.ID, &x.EventID, &x.ConsumerGroup, &x.Topic, &x.PartitionKey, &x.EventType,
+			&x.Attempts, &x.MaxAttempts, &x.LastError, &x.CreatedAt)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
+	}
+	return out, nil
+}
+
+// CountFailedMatching counts the failed rows f selects (through the partial
+// failed index: its cost grows with the failed rows only).
+func (a *Admin) CountFailedMatching(ctx context.Context, f FailedFilter) (int64, error) {
+	var n int64
+	if err := a.pool.QueryRow(ctx, a.cq().countMatching(f), a.args(f.args(pgx.NamedArgs{}))).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count failed rows of %q: %w", a.tn, err)
+	}
+	return n, nil
+}
+
+// RequeueMatching requeues, one Requeue at a time, the rows f selects that
+// are failed when it reaches them, and returns how many it requeued. An
+// empty filter is RequeueAllFailed (batched). When ctx ends it stops; rows
+// already requeued stay requeued and are counted.
+func (a *Admin) RequeueMatching(ctx context.Context, f FailedFilter) (int64, error) {
+	if f.IsZero() {
+		return a.RequeueAllFailed(ctx, 1000, nil)
+	}
+	var (
+		done  int64
+		after int64
+	)
+	for {
+		page, err := a.ListFailedMatching(ctx, f, 500, after)
+		if err != nil {
+			return done, err
+		}
+		if len(page) == 0 {
+			return done, nil
+		}
+		for _, r := range page {
+			err := a.Requeue(ctx, r.ID)
+			switch {
+			case errors.Is(err, ErrNotFound): // requeued or deleted meanwhile
+			case err != nil:
+				return done, err
+			default:
+				done++
+			}
+		}
+		after = page[len(page)-1].ID
+	}
+}
+
+// ConsumerGroups lists the consumer groups of an inbox table that have
+// pending or failed rows (a group with only completed rows is not listed).
+// It probes the indexes once per group. An outbox has none.
+func (a *Admin) ConsumerGroups(ctx context.Context) ([]string, error) {
+	if !a.inbox {
+		return nil, nil
+	}
+	rows, err := a.pool.Query(ctx, a.cq().groups)
+	if err != nil {
+		return nil, fmt.Errorf("consumer groups of %q: %w", a.tn, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("consumer groups of %q: %w", a.tn, err)
+	}
+	return out, nil
+}
+
+// LaneState is the lane of one key.
+type LaneState struct {
+	// Blocked reports a key frozen behind a failed row by the Block policy.
+	Blocked bool
+	// ReadyAt is when relays may take the key next; nil while blocked.
+	ReadyAt     *time.Time
+	LockedBy    string     // "" when not leased
+	LockedUntil *time.Time // nil when not leased
+}
+
+// Lane returns the lane of the key (group is "" for an outbox); ok is false
+// when the key has no lane (no pending rows).
+func (a *Admin) Lane(ctx context.Context, group, topic, key string) (ls LaneState, ok bool, err error) {
+	err = a.pool.QueryRow(ctx, a.cq().lane, pgx.NamedArgs{"lgroup": group, "topic": topic, "key": key}).Scan(
+		&ls.Blocked, &ls.ReadyAt, &ls.LockedBy, &ls.LockedUntil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return LaneState{}, false, nil
+	}
+	if err != nil {
+		return LaneState{}, false, fmt.Errorf("lane of key %q of topic %q in %q: %w", key, topic, a.tn, err)
+	}
+	return ls, true, nil
+}
+
+// Discard deletes the failed row id for good and returns its event id. A
+// key frozen behind it by the Block policy is woken (if another failed row
+// of the key comes first, a relay freezes it again). It returns an error
+// wrapping ErrNotFound when there is no failed row with that id (in the
+// Admin's consumer group). Pending and completed rows are never deleted.
+func (a *Admin) Discard(ctx context.Context, id int64) (eventID string, err error) {
+	if id < 1 {
+		return "", fmt.Errorf("discard %d in %q: id: must be positive", id, a.tn)
+	}
+	var n int64
+	err = a.requeueTx(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, a.cq().discard, a.args(pgx.NamedArgs{"id": id})).Scan(&n, &eventID)
+	})
+	if err != nil {
+		return "", fmt.Errorf("discard %d in %q: %w", id, a.tn, err)
+	}
+	if n == 0 {
+		return "", fmt.Errorf("discard %d in %q: no failed row has this id: %w", id, a.tn, ErrNotFound)
+	}
+	a.notify(ctx)
+	return eventID, nil
+}
