@@ -93,6 +93,20 @@ func isTransient(err error) bool {
 	return false
 }
 
+// refusedCredentials reports an error of the credentials or the TLS
+// certificates: Redis refusing the user or password (NOAUTH, WRONGPASS,
+// NOPERM), or the server's certificate failing verification.
+func refusedCredentials(err error) bool {
+	var (
+		certErr   *tls.CertificateVerificationError
+		authority x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	return redis.IsAuthError(err) || redis.IsPermissionError(err) ||
+		errors.As(err, &certErr) || errors.As(err, &authority) || errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
 // isBusyError reports a BUSY reply (a script or function runs past its time
 // limit). go-redis has no typed error for it; the reply's error code is the
 // protocol's way to say it. "BUSYGROUP" does not match.

@@ -53,8 +53,16 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
 		// Transient when Redis cannot be reached: bus.Open then keeps
-		// connecting in the background.
-		return nil, classify(fmt.Errorf("connect to Redis at %s: %w", r.Addr, err))
+		// connecting in the background. Credentials or a certificate Redis
+		// or we refuse are a configuration error at start: Open fails at
+		// once (as for PostgreSQL), instead of retrying what only an
+		// operator can fix. While running, the same errors are an outage
+		// (transient), see isTransient.
+		err = fmt.Errorf("connect to Redis at %s: %w", r.Addr, err)
+		if refusedCredentials(err) {
+			return nil, err
+		}
+		return nil, classify(err)
 	}
 	pub, err := NewPublisher(PublisherConfig{Client: client, StreamPrefix: r.StreamPrefix, MaxLen: r.MaxLen}, logger)
 	if err != nil {
