@@ -49,6 +49,13 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
+// clickNow clicks the element sel selects in one step inside the page, so
+// a live refresh that replaces the element between finding and clicking it
+// (chromedp.Click is several protocol calls) cannot make the click miss.
+func clickNow(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.querySelector(%q).click()`, sel))
+}
+
 // do runs browser steps, failing the test on an error.
 func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
@@ -130,7 +137,7 @@ func TestBrowser_OperatorFollowsAHeldKeyRequeuesItAndSeesItDelivered(t *testing.
 
 	// Overview → held keys → the key's failed head row.
 	do(t, ctx, "browse",
-		chromedp.Click(chromedp.CSS(row+" td.blocked a")),
+		clickNow(row+" td.blocked a"), // the overview refreshes itself: find and click in one step
 		chromedp.WaitVisible(chromedp.CSS(`tr.held-key[data-key="acct-1"]`)))
 	assert.Contains(t, text(t, ctx, `tr.held-key[data-key="acct-1"]`), "blocked (Block policy)")
 	shot(t, ctx, "held-keys")
