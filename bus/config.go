@@ -1258,7 +1258,12 @@ func checkLibpqURL(rest string) string {
 			if i < 0 {
 				i = len(p)
 			}
-			if port := p[:i]; port != "" {
+			port := p[:i]
+			if i == len(p) || p[i] != ',' {
+				// The driver drops spaces at the end of the port list.
+				port = strings.TrimRight(port, " ")
+			}
+			if port != "" {
 				if pn, err := strconv.ParseUint(port, 10, 16); err != nil || pn == 0 {
 					return fmt.Sprintf("host %d: the port is not a number from 1 to 65535", n) + urlEncodeHint
 				}
