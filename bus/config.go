@@ -1215,6 +1215,33 @@ const urlEncodeHint = " (percent-encode these characters of a user name or passw
 // valid, or "". It also refuses what the driver would take apart in a way
 // nobody means: an '@' in a host or in the database name is the rest of a
 // password with an unescaped '@'.
+// checkPortList checks the comma-joined ports of a URL's hosts as the
+// driver reads them: spaces around the whole list are dropped, a space
+// inside it is refused, the list is percent-decoded, and each port that is
+// not empty is a number from 1 to 65535.
+func checkPortList(raw string) string {
+	raw = strings.Trim(raw, " ")
+	if raw == "" {
+		return ""
+	}
+	if strings.Contains(raw, " ") {
+		return "a port has a space in it" + urlEncodeHint
+	}
+	dec, err := url.PathUnescape(raw)
+	if err != nil || strings.IndexByte(dec, 0) >= 0 {
+		return "a port has a % that is not followed by two hex digits (or encodes NUL)"
+	}
+	for i, port := range strings.Split(dec, ",") {
+		if port == "" {
+			continue
+		}
+		if pn, err := strconv.ParseUint(port, 10, 16); err != nil || pn == 0 {
+			return fmt.Sprintf("host %d: the port is not a number from 1 to 65535", i+1) + urlEncodeHint
+		}
+	}
+	return ""
+}
+
 func checkLibpqURL(rest string) string {
 	if strings.IndexByte(rest, 0) >= 0 {
 		return "it contains a NUL byte"
@@ -1226,6 +1253,8 @@ func checkLibpqURL(rest string) string {
 		}
 		p = p[i+1:]
 	}
+	// The ports of every host, comma-joined as the driver reads them.
+	var ports strings.Builder
 	for n := 1; ; n++ {
 		if strings.HasPrefix(p, "[") {
 			end := strings.IndexByte(p, ']')
@@ -1258,22 +1287,17 @@ func checkLibpqURL(rest string) string {
 			if i < 0 {
 				i = len(p)
 			}
-			port := p[:i]
-			if i == len(p) || p[i] != ',' {
-				// The driver drops spaces at the end of the port list.
-				port = strings.TrimRight(port, " ")
-			}
-			if port != "" {
-				if pn, err := strconv.ParseUint(port, 10, 16); err != nil || pn == 0 {
-					return fmt.Sprintf("host %d: the port is not a number from 1 to 65535", n) + urlEncodeHint
-				}
-			}
+			ports.WriteString(p[:i])
 			p = p[i:]
 		}
 		if !strings.HasPrefix(p, ",") {
 			break
 		}
 		p = p[1:]
+		ports.WriteByte(',')
+	}
+	if why := checkPortList(ports.String()); why != "" {
+		return why
 	}
 	if strings.HasPrefix(p, "/") {
 		db := p[1:]

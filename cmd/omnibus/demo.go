@@ -171,7 +171,14 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		// ctx may have run out: the clean-up gets its own time.
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := dropDemoTables(cctx, pool, cfg, ordersTable); err != nil {
+		// DDL can meet a deadlock with other sessions' DDL (another demo, a
+		// migration): try again a few times before giving up.
+		err := dropDemoTables(cctx, pool, cfg, ordersTable)
+		for try := 1; err != nil && try < 5 && bus.ClassOf(postgres.ClassifyError(err)) == bus.ClassTransient; try++ {
+			time.Sleep(time.Duration(try) * 100 * time.Millisecond)
+			err = dropDemoTables(cctx, pool, cfg, ordersTable)
+		}
+		if err != nil {
 			fmt.Fprintf(a.stderr, "omnibus demo: %v\n", err)
 		}
 		if cfg.Broker == bus.BrokerRedis {

@@ -572,7 +572,7 @@ func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 
 			// It leaves nothing behind: tables, trigger functions, migration
 			// records, streams.
-			assert.Zero(t, tablesWithPrefix(t, prefix), "the demo dropped what it created in PostgreSQL")
+			assert.Zero(t, tablesWithPrefix(t, prefix), "the demo dropped what it created in PostgreSQL (stderr: %s)", r.stderr)
 			if broker == bus.BrokerRedis {
 				m := demoTopicRE.FindStringSubmatch(r.stdout)
 				require.NotNil(t, m, "the demo names its topic")
