@@ -19,9 +19,10 @@ import (
 // badFailures are handler failures whose settlement PostgreSQL cannot store
 // as given: a NUL byte in the error text (22021), invalid UTF-8 (22021), a
 // retry time past what timestamptz holds (22008). Every other row is acked.
+// The failures retry in an hour, so each row is delivered once here.
 var badFailures = map[string]bus.Settlement{
-	"nul":  {Class: bus.ClassCounted, Error: "boom\x00 after a NUL"},
-	"utf8": {Class: bus.ClassCounted, Error: "bad \xff\xfe bytes"},
+	"nul":  {Class: bus.ClassCounted, Error: "boom\x00 after a NUL", RetryAt: time.Now().Add(time.Hour)},
+	"utf8": {Class: bus.ClassCounted, Error: "bad \xff\xfe bytes", RetryAt: time.Now().Add(time.Hour)},
 	"far":  {Class: bus.ClassCounted, Error: "see you later", RetryAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
 }
 
@@ -175,7 +176,7 @@ CREATE TRIGGER refuse BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	go func() {
 		for m := range ch {
 			if string(m.Payload) == "refused" {
-				bus.Settle(m, bus.Settlement{Class: bus.ClassCounted, Error: "please refuse me"})
+				bus.Settle(m, bus.Settlement{Class: bus.ClassCounted, Error: "please refuse me", RetryAt: time.Now().Add(time.Hour)})
 				m.Nack()
 				continue
 			}
@@ -200,6 +201,9 @@ CREATE TRIGGER refuse BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	assert.Equal(t, 1, attempts, "the failure is still counted")
 	assert.Contains(t, lastError, "could not be stored", "last_error says the settlement was refused")
 	assert.Contains(t, lastError, "22023", "last_error names the database's refusal")
+	var retryIn time.Duration
+	require.NoError(t, pool.QueryRow(ctx, `SELECT scheduled_at - now() FROM `+quoteIdent(ob.Table())+` WHERE payload = 'refused'::bytea`).Scan(&retryIn))
+	assert.Greater(t, retryIn, 30*time.Minute, "the failure's retry time is kept: the row is not due at once")
 }
 
 // Enqueue checks text the way the inbox does: a NUL byte or invalid UTF-8

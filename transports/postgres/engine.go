@@ -372,8 +372,9 @@ func (e *engine) settleIsolating(ctx context.Context, ops []settleOp, log func(m
 	}
 	o := ops[0]
 	if o.op == 'n' || o.op == 'p' {
-		o.err = storableText(fmt.Sprintf("omnibus: the failure's settlement could not be stored (%s); its own error text and retry time were dropped", pgErrorText(err)), 1024)
-		o.retryAt = nil
+		// The retry time is kept (it was clamped to what the column holds):
+		// dropping it would make the row due at once, a hot loop.
+		o.err = storableText(fmt.Sprintf("omnibus: the failure's settlement could not be stored (%s); its own error text was dropped", pgErrorText(err)), 1024)
 		if n, err2 := e.settle(ctx, []settleOp{o}); err2 == nil {
 			log("omnibus: a failure's settlement was refused by the database; stored without its error text", "id", o.id, "error", err)
 			return n, nil
