@@ -370,7 +370,11 @@ func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
 	ctx := context.Background()
 	enqueue(t, pool, ob, "t", event("k", "r1"), event("k", "r2"), event("k", "r3"))
 	rec := &leaseRecorder{}
-	s1, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), WorkerID: "first", Lease: time.Second, Observer: rec}, nil)
+	// The first relay does not poll again during the test: its lease runs
+	// out only because the test says so (as if it had been stopped), and a
+	// stopped relay does not fetch.
+	s1, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), WorkerID: "first", Lease: time.Second, Observer: rec,
+		PollInterval: 10 * time.Minute, SweepInterval: -1}, nil)
 	require.NoError(t, err)
 	defer s1.Close()
 	ch, err := s1.Subscribe(ctx, AllTopics)
