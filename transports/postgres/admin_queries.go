@@ -17,10 +17,12 @@ type adminQueries struct {
 	cleanup       string
 }
 
-func newAdminQueries(t tableName, inbox, byGroup bool) adminQueries {
-	// {G_T} / {G_L}: restrict rows (alias t) or lanes (alias l) to @group.
-	// {GL_T}: tie a row to its lane's group (inbox rows carry a group, outbox
-	// lanes all belong to the group ""). {GCOL}: a row's group as a column.
+// adminTemplate fills the templated parts of the admin and console
+// statements. {T} / {L}: the table and its lanes, quoted. {G_T} / {G_L}:
+// restrict rows (alias t) or lanes (alias l) to @group. {GL_T}: tie a row to
+// its lane's group (inbox rows carry a group, outbox lanes all belong to the
+// group ""). {GCOL}: a row's group as a column.
+func adminTemplate(t tableName, inbox, byGroup bool) *strings.Replacer {
 	var gt, gl, glt, gcol string
 	gcol = "''::text"
 	if inbox {
@@ -31,7 +33,7 @@ func newAdminQueries(t tableName, inbox, byGroup bool) adminQueries {
 			gl = " AND l.consumer_group = @group"
 		}
 	}
-	r := strings.NewReplacer(
+	return strings.NewReplacer(
 		"{T}", t.quoted(),
 		"{L}", t.derived("_lanes").quoted(),
 		"{G_T}", gt,
@@ -39,6 +41,10 @@ func newAdminQueries(t tableName, inbox, byGroup bool) adminQueries {
 		"{GL_T}", glt,
 		"{GCOL}", gcol,
 	)
+}
+
+func newAdminQueries(t tableName, inbox, byGroup bool) adminQueries {
+	r := adminTemplate(t, inbox, byGroup)
 	var q adminQueries
 
 	// One statement, so every figure comes from the same snapshot and the
@@ -217,24 +223,7 @@ type consoleQueries struct {
 }
 
 func newConsoleQueries(t tableName, inbox, byGroup bool) consoleQueries {
-	var gt, gl, glt, gcol string
-	gcol = "''::text"
-	if inbox {
-		glt = " AND t.consumer_group = l.consumer_group"
-		gcol = "t.consumer_group"
-		if byGroup {
-			gt = " AND t.consumer_group = @group"
-			gl = " AND l.consumer_group = @group"
-		}
-	}
-	r := strings.NewReplacer(
-		"{T}", t.quoted(),
-		"{L}", t.derived("_lanes").quoted(),
-		"{G_T}", gt,
-		"{G_L}", gl,
-		"{GL_T}", glt,
-		"{GCOL}", gcol,
-	)
+	r := adminTemplate(t, inbox, byGroup)
 	var q consoleQueries
 
 	// Pending rows are read through the partial per-key index (status =
