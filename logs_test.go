@@ -1,13 +1,9 @@
 package omnibus_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,33 +18,6 @@ import (
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/processors"
 )
-
-// logBuffer collects JSON log lines written concurrently.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) records(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	data := append([]byte(nil), l.b.Bytes()...)
-	l.mu.Unlock()
-	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		var r map[string]any
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), "every log line is one JSON record: %q", sc.Text())
-		out = append(out, r)
-	}
-	return out
-}
 
 // failOnce is a broker publisher whose first Publish fails as a broker
 // outage does.
@@ -86,7 +55,7 @@ func TestRelay_TransientFailureIsLoggedOnce(t *testing.T) {
 	defer func() { require.NoError(t, b.Close()) }()
 	require.NoError(t, b.Migrate(ctx))
 
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	rc := b.RelayConfig()
 	rc.Publisher = &failOnce{Publisher: rc.Publisher}
@@ -107,7 +76,7 @@ func TestRelay_TransientFailureIsLoggedOnce(t *testing.T) {
 	require.NoError(t, <-done)
 
 	var lines []map[string]any
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		if r["event_id"] == msg.UUID || r["message_uuid"] == msg.UUID {
 			lines = append(lines, r)
 		}

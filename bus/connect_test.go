@@ -1,13 +1,9 @@
 package bus
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,35 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger writing while a test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// records returns the JSON log records written so far.
-func (l *lockedBuffer) records(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	data := append([]byte(nil), l.b.Bytes()...)
-	l.mu.Unlock()
-	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		var r map[string]any
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), "log line %q", sc.Text())
-		out = append(out, r)
-	}
-	return out
-}
 
 // downBroker is a factory for a memory broker that cannot be reached while
 // down is set: each attempt fails with a transient "connection refused".
@@ -89,7 +59,7 @@ func TestOpen_UnreachableBrokerConnectsInTheBackground(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, nil))
 	d := &downBroker{}
 	d.down.Store(true)
@@ -111,7 +81,7 @@ func TestOpen_UnreachableBrokerConnectsInTheBackground(t *testing.T) {
 
 	require.Eventually(t, func() bool { return d.attempts.Load() >= 3 }, 20*time.Second, 10*time.Millisecond, "the Bus keeps trying")
 	var warned []float64
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		if r["level"] == "WARN" && r["msg"] == "omnibus: broker unreachable; retrying" {
 			assert.Equal(t, errRefused.Error(), r["error"], "the reason is logged")
 			warned = append(warned, r["attempt"].(float64))
