@@ -328,10 +328,10 @@ func run(t testing.TB, cred *syscall.Credential, bin string, args ...string) {
 // key.
 func writeTLSFiles(t testing.TB, dir string, p *TLSPostgres) (serverCert, serverKey string) {
 	t.Helper()
-	ca, caKey := newCert(t, "omnibus test CA", nil, nil, true, nil, nil)
-	other, _ := newCert(t, "omnibus other test CA", nil, nil, true, nil, nil)
-	srv, srvKey := newCert(t, "localhost", []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, false, ca, caKey)
-	cli, cliKey := newCert(t, p.CertUser, nil, nil, false, ca, caKey)
+	ca, caKey := NewCert(t, "omnibus test CA", nil, nil, true, nil, nil)
+	other, _ := NewCert(t, "omnibus other test CA", nil, nil, true, nil, nil)
+	srv, srvKey := NewCert(t, "localhost", []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, false, ca, caKey)
+	cli, cliKey := NewCert(t, p.CertUser, nil, nil, false, ca, caKey)
 
 	p.CAFile = filepath.Join(dir, "ca.crt")
 	p.OtherCAFile = filepath.Join(dir, "other-ca.crt")
@@ -339,19 +339,20 @@ func writeTLSFiles(t testing.TB, dir string, p *TLSPostgres) (serverCert, server
 	serverKey = filepath.Join(dir, "server.key")
 	p.ClientCertFile = filepath.Join(dir, "client.crt")
 	p.ClientKeyFile = filepath.Join(dir, "client.key")
-	writeFile(t, p.CAFile, pemCert(ca), 0o600)
-	writeFile(t, p.OtherCAFile, pemCert(other), 0o600)
-	writeFile(t, serverCert, pemCert(srv), 0o600)
-	writeFile(t, serverKey, pemKey(t, srvKey), 0o600)
-	writeFile(t, p.ClientCertFile, pemCert(cli), 0o600)
-	writeFile(t, p.ClientKeyFile, pemKey(t, cliKey), 0o600)
+	writeFile(t, p.CAFile, PEMCert(ca), 0o600)
+	writeFile(t, p.OtherCAFile, PEMCert(other), 0o600)
+	writeFile(t, serverCert, PEMCert(srv), 0o600)
+	writeFile(t, serverKey, PEMKey(t, srvKey), 0o600)
+	writeFile(t, p.ClientCertFile, PEMCert(cli), 0o600)
+	writeFile(t, p.ClientKeyFile, PEMKey(t, cliKey), 0o600)
 	return serverCert, serverKey
 }
 
-// newCert makes an ECDSA P-256 certificate valid for one day: a CA when
-// isCA, else a leaf for dnsNames and ips (server and client use). It is
-// self-signed when parent is nil.
-func newCert(t testing.TB, cn string, dnsNames []string, ips []net.IP, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey) {
+// NewCert makes a throwaway ECDSA certificate for tests: a CA when isCA,
+// else a server and client certificate for dnsNames and ips; self-signed
+// when parent is nil, else signed by parent and parentKey. Valid from an hour
+// ago for a day.
+func NewCert(t testing.TB, cn string, dnsNames []string, ips []net.IP, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -391,11 +392,13 @@ func newCert(t testing.TB, cn string, dnsNames []string, ips []net.IP, isCA bool
 	return cert, key
 }
 
-func pemCert(c *x509.Certificate) []byte {
+// PEMCert encodes c as PEM.
+func PEMCert(c *x509.Certificate) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 }
 
-func pemKey(t testing.TB, k *ecdsa.PrivateKey) []byte {
+// PEMKey encodes k as a PKCS #8 PEM block.
+func PEMKey(t testing.TB, k *ecdsa.PrivateKey) []byte {
 	t.Helper()
 	der, err := x509.MarshalPKCS8PrivateKey(k)
 	if err != nil {

@@ -2,14 +2,7 @@ package kafka_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -97,38 +90,9 @@ func publishAndReceive(t *testing.T, topic string, pcfg kafka.PublisherConfig, s
 // server certificate for 127.0.0.1 signed by it.
 func testCertificates(t *testing.T) (caFile string, server tls.Certificate) {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "omnibus test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "kfake"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:     []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	require.NoError(t, err)
-
+	ca, caKey := testenv.NewCert(t, "omnibus test CA", nil, nil, true, nil, nil)
+	srv, srvKey := testenv.NewCert(t, "kfake", []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, false, ca, caKey)
 	caFile = filepath.Join(t.TempDir(), "ca.pem")
-	require.NoError(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600))
-	return caFile, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	require.NoError(t, os.WriteFile(caFile, testenv.PEMCert(ca), 0o600))
+	return caFile, tls.Certificate{Certificate: [][]byte{srv.Raw}, PrivateKey: srvKey}
 }

@@ -2,15 +2,9 @@ package redis_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
 
@@ -75,44 +70,14 @@ func startTLSRedis(t *testing.T) *tlsRedis {
 // for dnsName to dir, as PEM files.
 func writeTestPKI(t *testing.T, dir, dnsName string) (caFile, certFile, keyFile string) {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "omnibus test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: dnsName},
-		DNSNames:     []string{dnsName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	require.NoError(t, err)
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-
-	write := func(name, typ string, der []byte) string {
+	ca, caKey := testenv.NewCert(t, "omnibus test CA", nil, nil, true, nil, nil)
+	srv, srvKey := testenv.NewCert(t, dnsName, []string{dnsName}, nil, false, ca, caKey)
+	write := func(name string, data []byte) string {
 		path := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
+		require.NoError(t, os.WriteFile(path, data, 0o600))
 		return path
 	}
-	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", der), write("server.key", "EC PRIVATE KEY", keyDER)
+	return write("ca.pem", testenv.PEMCert(ca)), write("server.pem", testenv.PEMCert(srv)), write("server.key", testenv.PEMKey(t, srvKey))
 }
 
 // TestTLSAndACL_CAFileAndServerNameConnect runs a Publisher and a
