@@ -173,6 +173,60 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 	return res, true, nil
 }
 
+// next takes the next run of a lane this worker holds, whose run ended with
+// every row acked and after as its last id, without giving the lane back:
+// one short transaction renews the lane's lease, locks the lane (failing
+// with lock_not_available while a writer of the key is in flight) and picks
+// the rows after after. A run of one key therefore costs one transaction
+// instead of a give-back, a reconciliation and a new fetch (docs/ordering.md,
+// "Runs of one key").
+//
+// Rows at or below after are not looked at: the run's own rows (acked, their
+// settlements perhaps not written yet) and rows that were not in line when
+// the run was picked (delayed rows never tried, or a requeued row). Those
+// are seen again when the lane is given back, which is why a Subscriber
+// continues a lane for at most chainFor.
+//
+// The result has no units when the lane has nothing deliverable now or is
+// no longer this worker's; the caller then gives the lane back.
+func (e *engine) next(ctx context.Context, k laneKey, after int64) (fetchResult, error) {
+	// One round trip: the batch's statements run in one implicit
+	// transaction, each with its own snapshot, so pick sees what keepLane's
+	// lock guarantees. pick takes rows only from lanes this worker holds, so
+	// it hands out nothing when keepLane found the lane taken over.
+	g, t, kk := laneArrays([]laneKey{k})
+	b := &pgx.Batch{}
+	b.Queue(bookkeeping)
+	b.Queue(e.q.keepLane, e.worker, e.lease, k.group, k.topic, k.key)
+	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1})
+	start := time.Now()
+	br := e.pool.SendBatch(ctx, b)
+	res, err := e.scanNext(br, start)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fetchResult{}, fmt.Errorf("take the next run of a key of %q: %w", e.q.table, err)
+	}
+	return res, nil
+}
+
+func (e *engine) scanNext(br pgx.BatchResults, start time.Time) (fetchResult, error) {
+	if _, err := br.Exec(); err != nil {
+		return fetchResult{}, err
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return fetchResult{}, err
+	}
+	res := fetchResult{lanes: int(tag.RowsAffected())}
+	rows, err := br.Query()
+	if err != nil {
+		return fetchResult{}, err
+	}
+	return res, e.scanPicked(rows, start, &res)
+}
+
 // starved lists up to n lanes that have been ready and free for at least
 // age without being leased: writers are keeping them locked.
 func (e *engine) starved(ctx context.Context, topic string, age time.Duration, n int) ([]laneKey, error) {
@@ -199,12 +253,31 @@ func topicParam(topic string) *string {
 	return &topic
 }
 
+// bookkeeping starts a transaction that changes only the engine's own
+// state (leases, attempts, settlements, lanes), never a user's data:
+//
+//   - synchronous_commit off: its commit does not wait for the WAL flush.
+//     A PostgreSQL crash may roll back the last such commits (at most about
+//     three wal_writer_delay, 600 ms by default), never a later synchronous
+//     commit's (WAL is flushed in order) and never part of one. What it
+//     loses is bookkeeping: rows acked in that window are delivered again
+//     (at least once; the inbox deduplicates) and leases taken in it are
+//     not counted as attempts. No row is lost and first deliveries keep
+//     their order: the rolled-back state is an earlier consistent one.
+//
+// bookkeepingTx begins such a transaction (in the BEGIN's round trip);
+// bookkeeping is the same setting as the first statement of a batch, whose
+// statements run in one implicit transaction.
+const bookkeeping = `SELECT set_config('synchronous_commit', 'off', true)`
+
+var bookkeepingTx = pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off"}
+
 // inTx runs lease (which leases lanes) and then the pick statement over the
 // lanes it returned and up to loose unkeyed rows, in one transaction.
 func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]leasedLane, error), topicArg *string, loose int) (fetchResult, error) {
 	var res fetchResult
 	start := time.Now()
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, e.pool, bookkeepingTx, func(tx pgx.Tx) error {
 		ll, err := lease(tx)
 		if err != nil {
 			return err
@@ -343,9 +416,20 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 			leases = append(leases, int32(o.lease))
 		}
 	}
+	// One round trip, one implicit transaction (see bookkeeping).
+	b := &pgx.Batch{}
+	b.Queue(bookkeeping)
+	b.Queue(e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs,
+		releaseLeases, leases, ackLeases)
 	var n int64
-	err := e.pool.QueryRow(ctx, e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs,
-		releaseLeases, leases, ackLeases).Scan(&n)
+	br := e.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&n)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
 	}
@@ -424,7 +508,7 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 		return nil, 0, nil
 	}
 	gs, ts, ks := laneArrays(lanes)
-	tx, err := e.pool.Begin(ctx)
+	tx, err := e.pool.BeginTx(ctx, bookkeepingTx)
 	if err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: begin: %w", e.q.table, err)
 	}

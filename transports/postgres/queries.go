@@ -18,6 +18,7 @@ type queries struct {
 	gateLanes    string
 	laneLock     string
 	leaseLane    string
+	keepLane     string
 	starved      string
 	settle       string
 	lockLanes    string
@@ -107,7 +108,7 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
 	// tried, and not hold its key back: the rows behind it would go first.
 	//
 	// pick chooses and leases the rows of the lanes leaseLanes returned
-	// ($3..$5) and up to $7 unkeyed rows:
+	// ($3..$5; only those this worker holds, $1) and up to $7 unkeyed rows:
 	//  line:  for each lane, the first $6 rows that are "in line" (due, leased,
 	//         or tried and waiting), in id order. Delayed rows never tried are
 	//         not in line and hold nothing back. With the Block policy ($10)
@@ -131,7 +132,10 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
 	// delivery, which is what bus.Delivery reports.
 	q.pick = build(`
 WITH lane AS (
-    SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
+    SELECT k.*
+    FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
+    JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
+    WHERE l.locked_by = $1
 ), line AS (
     SELECT lane.topic, lane.partition_key, r.id, r.deliverable
     FROM lane CROSS JOIN LATERAL (
@@ -223,6 +227,25 @@ FROM (
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
 RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
+
+	// keepLane keeps a lane this worker holds for its next run (see
+	// engine.next): it renews the lane's lease and locks it FOR UPDATE
+	// NOWAIT, which fails at once (lock_not_available) while a writer of the
+	// key is in flight, so that pick, the next statement of the same
+	// transaction, sees every row that will ever have a smaller id than the
+	// rows it hands out, as after leaseLanes. No row when the lease is no
+	// longer ours.
+	q.keepLane = build(`
+UPDATE {L} l
+SET locked_until = statement_timestamp() + $2::interval
+FROM (
+    SELECT c.consumer_group, c.topic, c.partition_key
+    FROM {L} c
+    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5 AND c.locked_by = $1
+    FOR UPDATE NOWAIT
+) c
+WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+RETURNING l.floor_id`)
 
 	// starved lists lanes that have been ready and free for $1 without any
 	// relay leasing them: writers are holding them.

@@ -417,6 +417,20 @@ func (t *tracker) done(u unit) {
 	}
 }
 
+// continued replaces a unit that ended by the next run of its lane
+// (subscription.next): the lane stays held, so its count does not change.
+func (t *tracker) continued(old, next unit) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range old.rows {
+		delete(t.rows, r.id)
+	}
+	for _, r := range next.rows {
+		t.rows[r.id] = struct{}{}
+	}
+	t.leases[*next.lane] = next.lease
+}
+
 func (t *tracker) addLane(k laneKey) {
 	t.mu.Lock()
 	t.lanes[k]++

@@ -210,8 +210,17 @@ const (
 	abandoned // not settled within CloseTimeout after shutdown began
 )
 
-// deliver emits the rows of u one at a time, each after the previous one
-// was acked. A nack settles its row and releases the rest of the run.
+// chainFor bounds how long a Subscriber keeps a lane for run after run
+// (engine.next) before giving it back: a lane given back is looked at again
+// from its floor, so a delayed row of the key that fell due, or a requeued
+// one, waits at most this long behind the runs after it.
+const chainFor = 250 * time.Millisecond
+
+// deliver emits the runs of u's key one at a time: the rows of a run one at
+// a time, each after the previous one was acked, and, while every row is
+// acked, the key's next run (engine.next) until the key has nothing
+// deliverable, a writer holds it, or chainFor has passed. A nack settles its
+// row and releases the rest of the run.
 func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	s := sub.s
 	defer func() {
@@ -223,17 +232,58 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		signal(sub.unitDone)
 		sub.units.Done()
 	}()
+	chained := time.Now()
+	for sub.emit(base, ctx, u) && u.lane != nil && time.Since(chained) < chainFor && ctx.Err() == nil {
+		next, ok := sub.next(ctx, u)
+		if !ok {
+			return
+		}
+		s.tracked.continued(u, next)
+		u = next
+	}
+}
+
+// next takes the next run of u's key, which this worker still holds, or
+// reports false (the key is given back).
+func (sub *subscription) next(ctx context.Context, u unit) (unit, bool) {
+	s := sub.s
+	start := time.Now()
+	res, err := s.eng.next(ctx, *u.lane, u.rows[len(u.rows)-1].id)
+	if err != nil && isLockTimeout(err) {
+		return unit{}, false // a writer of the key is in flight: give it back, it gets its turn
+	}
+	s.observeFetch(res, time.Since(start), err)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("omnibus: taking the next run of a key failed; giving the key back", "error", err, "topic", u.lane.topic)
+		}
+		return unit{}, false
+	}
+	for _, r := range res.cut {
+		s.flush.settle(r.settle('r'))
+	}
+	if len(res.units) == 0 {
+		return unit{}, false
+	}
+	return res.units[0], true
+}
+
+// emit emits the rows of u one at a time, each after the previous one was
+// acked, and reports whether all were acked. A nack settles its row and
+// releases the rest of the run.
+func (sub *subscription) emit(base, ctx context.Context, u unit) bool {
+	s := sub.s
 	for i, r := range u.rows {
 		if ctx.Err() != nil {
 			sub.release(u.rows[i:])
-			return
+			return false
 		}
 		if u.lease != nil && !u.lease.held(time.Now()) {
 			// Another worker may hold the key now: deliver nothing more of
 			// it. The releases are dropped by the lease guard if so.
 			s.leaseLost(u, len(u.rows)-i)
 			sub.release(u.rows[i:])
-			return
+			return false
 		}
 		mctx, cancel := context.WithCancel(base)
 		msg := s.newMessage(mctx, r)
@@ -242,7 +292,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		case <-ctx.Done():
 			cancel()
 			sub.release(u.rows[i:])
-			return
+			return false
 		}
 		out := sub.await(ctx, msg)
 		cancel()
@@ -252,12 +302,13 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		case nacked:
 			s.flush.settle(s.nackOp(msg, r))
 			sub.release(u.rows[i+1:])
-			return
+			return false
 		case abandoned:
 			sub.release(u.rows[i:])
-			return
+			return false
 		}
 	}
+	return true
 }
 
 func (sub *subscription) await(ctx context.Context, msg *message.Message) outcome {
@@ -393,3 +444,4 @@ func storableTime(t time.Time) time.Time {
 	}
 	return t
 }
+
