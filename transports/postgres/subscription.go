@@ -444,4 +444,3 @@ func storableTime(t time.Time) time.Time {
 	}
 	return t
 }
-
