@@ -121,6 +121,15 @@ func (b *CircuitBreaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !ok {
 			return nil, bus.Transient(ErrCircuitOpen)
 		}
+		defer func() {
+			// A panic failed the attempt (the Recoverer outside turns it
+			// into an error): record it, so a panicking probe does not keep
+			// the probe slot forever, and pass it on.
+			if p := recover(); p != nil {
+				b.record(probe, msg.UUID, fmt.Errorf("panic: %v", p))
+				panic(p)
+			}
+		}()
 		out, err := h(msg)
 		b.record(probe, msg.UUID, err)
 		return out, err
