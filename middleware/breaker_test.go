@@ -61,3 +61,36 @@ func TestCircuitBreaker_PanicsCountTowardOpeningIt(t *testing.T) {
 	assert.ErrorIs(t, err, ErrCircuitOpen)
 	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err))
 }
+
+// A result that arrives after the breaker changed state says nothing about
+// the target now (gobreaker's generations): a message let through while
+// closed that succeeds after other messages opened the breaker does not
+// close it; the probe after OpenTimeout decides.
+func TestCircuitBreaker_ResultFromBeforeItOpenedIsIgnored(t *testing.T) {
+	t.Parallel()
+	b, err := NewCircuitBreaker(CircuitBreakerConfig{FailureThreshold: 2, OpenTimeout: time.Hour}, nil)
+	require.NoError(t, err)
+	slow := handlerMsg()
+	started, release := make(chan struct{}), make(chan struct{})
+	h := b.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if msg == slow {
+			close(started)
+			<-release
+			return nil, nil
+		}
+		return nil, errors.New("down")
+	})
+	done := make(chan error)
+	go func() {
+		_, err := h(slow)
+		done <- err
+	}()
+	<-started
+	for range 2 {
+		_, _ = h(handlerMsg())
+	}
+	require.Equal(t, BreakerOpen, b.State())
+	close(release)
+	require.NoError(t, <-done)
+	assert.Equal(t, BreakerOpen, b.State(), "a success from before the breaker opened does not close it")
+}
