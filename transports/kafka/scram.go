@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -55,7 +56,7 @@ func (c *scramClient) Begin(user, password, authzID string) error {
 // Step answers the server's challenge (empty on the first step).
 func (c *scramClient) Step(challenge string) (string, error) {
 	if c.conv == nil {
-		return "", fmt.Errorf("scram: Step before Begin")
+		return "", errors.New("scram: Step before Begin")
 	}
 	c.step++
 	if c.step == 2 {
