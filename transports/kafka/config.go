@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/xdg-go/scram"
 
 	"github.com/omnibus-go/omnibus/bus"
 )
@@ -237,10 +238,10 @@ func (c SASLConfig) apply(sc *sarama.Config) {
 		sc.Net.SASL.Mechanism = sarama.SASLTypePlaintext
 	case SASLScramSHA256:
 		sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
-		sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return newSCRAMClient(sha256Hash) }
+		sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return newSCRAMClient(scram.SHA256) }
 	case SASLScramSHA512:
 		sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
-		sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return newSCRAMClient(sha512Hash) }
+		sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return newSCRAMClient(scram.SHA512) }
 	}
 }
 

@@ -1,18 +1,13 @@
 package kafka
 
 import (
-	"crypto/hmac"
-	"crypto/pbkdf2"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/sha512"
-	"crypto/subtle"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"hash"
 	"strconv"
 	"strings"
+
+	"github.com/IBM/sarama"
+	"github.com/xdg-go/scram"
 )
 
 // The iteration counts a SCRAM client accepts from the server. Deriving the
@@ -33,137 +28,69 @@ const (
 	MaxSCRAMIterations = 100_000
 )
 
-// scramClient is the client side of SCRAM (RFC 5802) for sarama's
-// SCRAMClient interface: client-first, client-final, then verification of the
-// server signature.
+// scramClient adapts github.com/xdg-go/scram to sarama's SCRAMClient, as
+// sarama's own SASL example does, and adds the one rule the library lacks:
+// it refuses a server-first message whose iteration count is above
+// MaxSCRAMIterations (the library only has a minimum, which is set to
+// MinSCRAMIterations too), before any key is derived.
 type scramClient struct {
-	newHash func() hash.Hash
-
-	user, password, authzID string
-	nonce                   string
-	clientFirstBare         string
-	serverSignature         []byte
-	step                    int
-	done                    bool
+	hash scram.HashGeneratorFcn
+	conv *scram.ClientConversation
+	step int
 }
 
-var (
-	sha256Hash = sha256.New
-	sha512Hash = sha512.New
-)
+func newSCRAMClient(h scram.HashGeneratorFcn) sarama.SCRAMClient { return &scramClient{hash: h} }
 
-func newSCRAMClient(h func() hash.Hash) *scramClient { return &scramClient{newHash: h} }
-
-// Begin starts a conversation.
+// Begin starts a conversation. The credentials are used as given, without
+// SASLprep: Kafka brokers store them that way (see SASLConfig.Password).
 func (c *scramClient) Begin(user, password, authzID string) error {
-	var b [24]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return fmt.Errorf("scram: nonce: %w", err)
+	client, err := c.hash.NewClientUnprepped(user, password, authzID)
+	if err != nil {
+		return fmt.Errorf("scram: %w", err)
 	}
-	*c = scramClient{newHash: c.newHash, user: user, password: password, authzID: authzID,
-		nonce: base64.RawStdEncoding.EncodeToString(b[:])}
+	c.conv = client.WithMinIterations(MinSCRAMIterations).NewConversation()
+	c.step = 0
 	return nil
-}
-
-func (c *scramClient) gs2Header() string {
-	if c.authzID == "" {
-		return "n,,"
-	}
-	return "n,a=" + scramEscape(c.authzID) + ","
 }
 
 // Step answers the server's challenge (empty on the first step).
 func (c *scramClient) Step(challenge string) (string, error) {
-	c.step++
-	switch c.step {
-	case 1:
-		c.clientFirstBare = "n=" + scramEscape(c.user) + ",r=" + c.nonce
-		return c.gs2Header() + c.clientFirstBare, nil
-	case 2:
-		return c.clientFinal(challenge)
-	case 3:
-		return "", c.verify(challenge)
+	if c.conv == nil {
+		return "", errors.New("scram: Step before Begin")
 	}
-	return "", errors.New("scram: unexpected challenge after the conversation ended")
+	c.step++
+	if c.step == 2 {
+		if err := checkSCRAMIterations(challenge); err != nil {
+			return "", err
+		}
+	}
+	resp, err := c.conv.Step(challenge)
+	if err != nil {
+		return "", fmt.Errorf("scram: %w", err)
+	}
+	return resp, nil
 }
 
 // Done reports whether the conversation is over.
-func (c *scramClient) Done() bool { return c.done }
+func (c *scramClient) Done() bool { return c.conv != nil && c.conv.Done() }
 
-func (c *scramClient) clientFinal(serverFirst string) (string, error) {
-	attrs := scramAttrs(serverFirst)
-	nonce, salt64, iter := attrs["r"], attrs["s"], attrs["i"]
-	if e, ok := attrs["e"]; ok {
-		return "", fmt.Errorf("scram: server error %q", e)
+// checkSCRAMIterations refuses a server-first message (r=…,s=…,i=…) whose
+// iteration count, the field the library reads, is not a number within
+// MinSCRAMIterations..MaxSCRAMIterations. A message without that field is
+// left to the library, which refuses it.
+func checkSCRAMIterations(serverFirst string) error {
+	fields := strings.SplitN(serverFirst, ",", 4)
+	if len(fields) < 3 || !strings.HasPrefix(fields[2], "i=") {
+		return nil
 	}
-	if !strings.HasPrefix(nonce, c.nonce) || len(nonce) == len(c.nonce) {
-		return "", errors.New("scram: server nonce does not extend the client nonce")
-	}
-	salt, err := base64.StdEncoding.DecodeString(salt64)
-	if err != nil {
-		return "", fmt.Errorf("scram: salt: %w", err)
-	}
+	iter := strings.TrimPrefix(fields[2], "i=")
 	n, err := strconv.Atoi(iter)
-	if err != nil || n < MinSCRAMIterations || n > MaxSCRAMIterations {
-		if len(iter) > 32 {
-			iter = iter[:32] + "..."
-		}
-		return "", fmt.Errorf("scram: the server's iteration count %q is outside %d..%d: fewer make the proof cheap to brute-force, more would pin the CPU",
-			iter, MinSCRAMIterations, MaxSCRAMIterations)
+	if err == nil && n >= MinSCRAMIterations && n <= MaxSCRAMIterations {
+		return nil
 	}
-	size := c.newHash().Size()
-	salted, err := pbkdf2.Key(c.newHash, c.password, salt, n, size)
-	if err != nil {
-		return "", fmt.Errorf("scram: pbkdf2: %w", err)
+	if len(iter) > 32 {
+		iter = iter[:32] + "..."
 	}
-	clientKey := c.hmac(salted, "Client Key")
-	h := c.newHash()
-	h.Write(clientKey)
-	storedKey := h.Sum(nil)
-
-	finalNoProof := "c=" + base64.StdEncoding.EncodeToString([]byte(c.gs2Header())) + ",r=" + nonce
-	authMessage := c.clientFirstBare + "," + serverFirst + "," + finalNoProof
-	clientSig := c.hmac(storedKey, authMessage)
-	proof := make([]byte, len(clientKey))
-	for i := range clientKey {
-		proof[i] = clientKey[i] ^ clientSig[i]
-	}
-	c.serverSignature = c.hmac(c.hmac(salted, "Server Key"), authMessage)
-	return finalNoProof + ",p=" + base64.StdEncoding.EncodeToString(proof), nil
-}
-
-func (c *scramClient) verify(serverFinal string) error {
-	attrs := scramAttrs(serverFinal)
-	if e, ok := attrs["e"]; ok {
-		return fmt.Errorf("scram: server error %q", e)
-	}
-	sig, err := base64.StdEncoding.DecodeString(attrs["v"])
-	if err != nil {
-		return fmt.Errorf("scram: server signature: %w", err)
-	}
-	if subtle.ConstantTimeCompare(sig, c.serverSignature) != 1 {
-		return errors.New("scram: the server signature does not match")
-	}
-	c.done = true
-	return nil
-}
-
-func (c *scramClient) hmac(key []byte, msg string) []byte {
-	m := hmac.New(c.newHash, key)
-	m.Write([]byte(msg))
-	return m.Sum(nil)
-}
-
-func scramAttrs(s string) map[string]string {
-	attrs := make(map[string]string)
-	for part := range strings.SplitSeq(s, ",") {
-		if k, v, ok := strings.Cut(part, "="); ok && len(k) == 1 {
-			attrs[k] = v
-		}
-	}
-	return attrs
-}
-
-func scramEscape(s string) string {
-	return strings.NewReplacer("=", "=3D", ",", "=2C").Replace(s)
+	return fmt.Errorf("scram: the server's iteration count %q is outside %d..%d: fewer make the proof cheap to brute-force, more would pin the CPU",
+		iter, MinSCRAMIterations, MaxSCRAMIterations)
 }

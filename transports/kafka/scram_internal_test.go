@@ -5,8 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/xdg-go/scram"
 )
 
 // TestSCRAM_IterationCountOutsideBoundsIsRefused answers the client's first
@@ -14,7 +16,8 @@ import (
 // server, or an impostor, asking for a proof that is cheap to brute-force
 // offline) or above MaxSCRAMIterations (a hostile server pinning the CPU)
 // is refused before any key is derived, with an error naming the count and
-// the bounds; the counts at the bounds are accepted.
+// the bounds; the counts at the bounds are accepted. The upper bound is ours:
+// github.com/xdg-go/scram only has a minimum.
 func TestSCRAM_IterationCountOutsideBoundsIsRefused(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -36,10 +39,10 @@ func TestSCRAM_IterationCountOutsideBoundsIsRefused(t *testing.T) {
 	}
 	for _, h := range []struct {
 		name string
-		new  func() *scramClient
+		new  func() sarama.SCRAMClient
 	}{
-		{"SHA-256", func() *scramClient { return newSCRAMClient(sha256Hash) }},
-		{"SHA-512", func() *scramClient { return newSCRAMClient(sha512Hash) }},
+		{"SHA-256", func() sarama.SCRAMClient { return newSCRAMClient(scram.SHA256) }},
+		{"SHA-512", func() sarama.SCRAMClient { return newSCRAMClient(scram.SHA512) }},
 	} {
 		for _, tc := range cases {
 			t.Run(h.name+"/"+tc.name, func(t *testing.T) {
@@ -64,5 +67,54 @@ func TestSCRAM_IterationCountOutsideBoundsIsRefused(t *testing.T) {
 				assert.Empty(t, final)
 			})
 		}
+	}
+}
+
+// TestSCRAM_PasswordIsUsedWithoutSASLprep authenticates against a SCRAM
+// server whose credentials were derived from the password as given, the way
+// Kafka stores them: a password that SASLprep would change (a soft hyphen,
+// which it deletes) still authenticates, and a wrong password is refused
+// without the password in the error.
+func TestSCRAM_PasswordIsUsedWithoutSASLprep(t *testing.T) {
+	t.Parallel()
+	const password = "pass\u00adword"
+	for _, h := range []struct {
+		name string
+		hash scram.HashGeneratorFcn
+	}{{"SHA-256", scram.SHA256}, {"SHA-512", scram.SHA512}} {
+		t.Run(h.name, func(t *testing.T) {
+			t.Parallel()
+			stored, err := h.hash.NewClientUnprepped("user", password, "")
+			require.NoError(t, err)
+			creds, err := stored.GetStoredCredentialsWithError(scram.KeyFactors{Salt: "0123456789abcdef", Iters: MinSCRAMIterations})
+			require.NoError(t, err)
+			server, err := h.hash.NewServer(func(string) (scram.StoredCredentials, error) { return creds, nil })
+			require.NoError(t, err)
+
+			converse := func(pass string) error {
+				c := newSCRAMClient(h.hash)
+				require.NoError(t, c.Begin("user", pass, ""))
+				sc := server.NewConversation()
+				challenge := ""
+				for !c.Done() {
+					resp, err := c.Step(challenge)
+					if err != nil {
+						return err
+					}
+					if sc.Done() {
+						break
+					}
+					// The server's answer to a wrong proof is "e=…": the
+					// client must refuse it.
+					challenge, _ = sc.Step(resp)
+				}
+				return nil
+			}
+			require.NoError(t, converse(password), "the password as given authenticates")
+			err = converse("wrong-" + password)
+			require.Error(t, err, "a wrong password is refused")
+			assert.NotContains(t, err.Error(), "wrong-")
+			assert.NotContains(t, err.Error(), "pass")
+		})
 	}
 }
