@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/console"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -163,7 +164,7 @@ func TestBrowser_OperatorFollowsAHeldKeyRequeuesItAndSeesItDelivered(t *testing.
 
 	// The relay delivers the requeued row, then the one behind it; the
 	// overview shows the counts change.
-	waitFor(t, "the relay to deliver both rows", func() bool { return tgt.got("poison") && tgt.got("behind") })
+	testenv.Eventually(t, 30*time.Second, func() bool { return tgt.got("poison") && tgt.got("behind") }, "the relay to deliver both rows")
 	tgt.mu.Lock()
 	assert.Equal(t, []string{"poison", "behind"}, tgt.delivered, "the requeued head goes first, in key order")
 	tgt.mu.Unlock()

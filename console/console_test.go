@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/console"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -39,10 +40,10 @@ func TestOverview_CountsEveryTableAndConsumerGroup(t *testing.T) {
 	assert.Equal(t, "2", cell(t, body, f.inbox, "billing", "pending"), "inbox group billing is listed with its rows")
 	assert.Equal(t, "–", cell(t, body, f.inbox, "billing", "completed"), "a group's completed rows are not counted")
 	assert.Contains(t, body, `data-live="/live"`, "the overview refreshes itself from /live")
-	waitFor(t, "a throughput sparkline to be drawn", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, body := f.get("/live")
 		return strings.Contains(body, "<polyline")
-	})
+	}, "a throughput sparkline to be drawn")
 }
 
 func TestOverviewLive_ServesTheFiguresAsTheyAreNow(t *testing.T) {
@@ -63,14 +64,14 @@ func TestOverview_CompletedRowsAndThroughputCountDeliveries(t *testing.T) {
 	tgt := &target{}
 	f.relay(tgt, postgres.FailedSkip, middleware.NoDelay)
 	f.enqueue("orders", msg("a", "1", 0), msg("a", "2", 0), msg("b", "3", 0))
-	waitFor(t, "3 rows completed", func() bool { return f.overview(f.outAdm).Completed == 3 })
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.overview(f.outAdm).Completed == 3 }, "3 rows completed")
 	_, body := f.get("/")
 	assert.Equal(t, "3", cell(t, body, f.outbox, "", "completed"))
 	// The sparkline is computed in the background, then shown.
-	waitFor(t, "the last hour's sparkline to total the 3 deliveries", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, body := f.get("/live")
 		return cell(t, body, f.outbox, "", "spark") == "3"
-	})
+	}, "the last hour's sparkline to total the 3 deliveries")
 }
 
 func TestHeldKeys_ListsRetryingAndBlockedKeysWithTheirHeadRow(t *testing.T) {
@@ -80,7 +81,7 @@ func TestHeldKeys_ListsRetryingAndBlockedKeysWithTheirHeadRow(t *testing.T) {
 	// A key whose head fails and waits an hour for its retry.
 	f.enqueue("orders", msg("o-9", "poison-retrying", 5))
 	stop := f.relay(&target{fail: failing}, postgres.FailedBlock, time.Hour)
-	waitFor(t, "the orders key to be held", func() bool { return f.overview(f.outAdm).HeldKeys == 1 })
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.overview(f.outAdm).HeldKeys == 1 }, "the orders key to be held")
 	stop()
 
 	code, body := f.get("/held")
@@ -166,7 +167,7 @@ func TestRow_ShowsColumnsPrettyPayloadAndTheBlock(t *testing.T) {
 		}
 		return nil
 	}}, postgres.FailedBlock, middleware.NoDelay)
-	waitFor(t, "the key to be blocked", func() bool { return f.overview(f.outAdm).BlockedKeys == 1 })
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.overview(f.outAdm).BlockedKeys == 1 }, "the key to be blocked")
 	stop()
 	failedID, pendingID := f.idOf(`{"amount":12,"currency":"EUR"}`), f.idOf("\x00raw\xff")
 
@@ -213,7 +214,7 @@ func TestAction_RequeueOneConfirmsThenRequeuesAndTheRelayDelivers(t *testing.T) 
 
 	tgt := &target{}
 	f.relay(tgt, postgres.FailedBlock, middleware.NoDelay)
-	waitFor(t, "the requeued row and the one behind it to be delivered", func() bool { return tgt.got("poison") && tgt.got("behind") })
+	testenv.Eventually(t, 30*time.Second, func() bool { return tgt.got("poison") && tgt.got("behind") }, "the requeued row and the one behind it to be delivered")
 
 	code, body = f.post(form)
 	require.Equal(t, http.StatusOK, code)
@@ -292,7 +293,7 @@ func TestAction_DiscardDeletesTheFailedRowAndLiftsTheBlock(t *testing.T) {
 	assert.ErrorIs(t, err, postgres.ErrNotFound, "the row is gone")
 	tgt := &target{}
 	f.relay(tgt, postgres.FailedBlock, middleware.NoDelay)
-	waitFor(t, "the row behind the discarded one to be delivered", func() bool { return tgt.got("behind") })
+	testenv.Eventually(t, 30*time.Second, func() bool { return tgt.got("behind") }, "the row behind the discarded one to be delivered")
 }
 
 func TestAction_RefusedWithoutAValidCSRFToken(t *testing.T) {
@@ -345,7 +346,7 @@ func TestRelays_ListsLeaseHoldersAndRunsTheirActions(t *testing.T) {
 	held := &target{fail: func(string) error { <-release; return nil }}
 	f.enqueue("orders", msg("o-1", "slow", 0))
 	f.relay(held, postgres.FailedSkip, middleware.NoDelay)
-	waitFor(t, "the relay to lease the row", func() bool { return f.overview(f.outAdm).Leased == 1 })
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.overview(f.outAdm).Leased == 1 }, "the relay to lease the row")
 
 	code, body := f.get("/relays")
 	require.Equal(t, http.StatusOK, code, body)

@@ -183,18 +183,6 @@ func (f *fixture) overview(a *postgres.Admin) postgres.Overview {
 	return o
 }
 
-// waitFor polls cond until it holds, failing the test after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 30s waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
-}
-
 // failedRows makes rows with these payloads fail for good through a relay
 // (max attempts 1, Skip or Block policy), and returns their ids in order.
 func (f *fixture) failedRows(topic, key string, policy postgres.FailedPolicy, payloads ...string) []int64 {
@@ -204,7 +192,7 @@ func (f *fixture) failedRows(topic, key string, policy postgres.FailedPolicy, pa
 		f.enqueue(topic, msg(key, p, 1))
 	}
 	stop := f.relay(&target{fail: func(p string) error { return errors.New("broker refused " + p) }}, policy, middleware.NoDelay)
-	waitFor(f.t, "rows to fail", func() bool { return f.overview(f.outAdm).Failed == before+int64(len(payloads)) })
+	testenv.Eventually(f.t, 30*time.Second, func() bool { return f.overview(f.outAdm).Failed == before+int64(len(payloads)) }, "rows to fail")
 	stop()
 	rows, err := f.outAdm.ListFailedMatching(context.Background(), postgres.FailedFilter{Topic: topic, PartitionKey: key}, 1000, 0)
 	require.NoError(f.t, err)
@@ -222,11 +210,11 @@ func (f *fixture) blockedKey(topic, key string) (failedID, behindID int64) {
 	f.t.Helper()
 	f.enqueue(topic, msg(key, "poison", 1), msg(key, "behind", 0))
 	stop := f.relay(&target{fail: failing}, postgres.FailedBlock, middleware.NoDelay)
-	waitFor(f.t, "the key to be blocked", func() bool {
+	testenv.Eventually(f.t, 30*time.Second, func() bool {
 		lane, ok, err := f.outAdm.Lane(context.Background(), "", topic, key)
 		require.NoError(f.t, err)
 		return ok && lane.Blocked
-	})
+	}, "the key to be blocked")
 	stop()
 	return f.idOf("poison"), f.idOf("behind")
 }

@@ -143,7 +143,7 @@ func checkCrashLoopEnded(t *testing.T, pool *pgxpool.Pool, mode, table string, c
 	assert.Equal(t, crashBudget, crashes, "the process dies exactly max_attempts times on the killer")
 	assert.Equal(t, crashBudget, attempts, "each crash spent one attempt")
 	assert.Contains(t, lastError, "lease expired", "last_error says why the row failed: %q", lastError)
-	waitFor(t, "the rest of the key delivered after the killer failed", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		var pending int
 		require.NoError(t, pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM `+quoted+` WHERE status <> 'completed' AND payload <> $1::bytea`, []byte(killerPayload)).Scan(&pending))
@@ -154,7 +154,7 @@ func checkCrashLoopEnded(t *testing.T, pool *pgxpool.Pool, mode, table string, c
 			_ = cmd.Run()
 		}
 		return pending == 0
-	})
+	}, "the rest of the key delivered after the killer failed")
 }
 
 func TestOutboxRelay_CrashLoopEndsAfterMaxAttempts(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -57,9 +58,9 @@ func TestDispatcher_PoisonHeadFailsAfterExactlyMaxAttempts(t *testing.T) {
 			return nil
 		})
 	})
-	waitFor(t, "the poison row failed and every other row completed", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return countRows(t, pool, in, "status = 'failed'") == 1 && countRows(t, pool, in, "status = 'completed'") == len(msgs)-1
-	})
+	}, "the poison row failed and every other row completed")
 	var attempts, budget int
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT attempts, max_attempts FROM `+quoted(in)+` WHERE status = 'failed'`).Scan(&attempts, &budget))
@@ -128,10 +129,10 @@ func TestDispatcher_ErrorTextWithNULDoesNotStallOtherRows(t *testing.T) {
 			return nil
 		})
 	})
-	waitFor(t, "every ack written next to failures with bad text", 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		return countRows(t, pool, in, "status = 'completed'") == 4 &&
 			countRows(t, pool, in, "status = 'pending' AND attempts = 1 AND locked_by IS NULL") == 2
-	})
+	}, "every ack written next to failures with bad text")
 	assert.Equal(t, 1, countRows(t, pool, in, "last_error LIKE '%ledger said%no%'"), "the NUL is replaced, the text kept")
 }
 
@@ -171,9 +172,9 @@ func TestInboxIngest_PoisonMessageDoesNotOpenTheBreaker(t *testing.T) {
 		m.Metadata.Set("n", string(rune('0'+i)))
 		require.NoError(t, pub.Publish("orders", m))
 	}
-	waitFor(t, "the poison message failed more often than the breaker's threshold while the others were stored", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return poisonTries.Load() > int64(middleware.DefaultFailureThreshold) && countRows(t, pool, in, "true") == 10
-	})
+	}, "the poison message failed more often than the breaker's threshold while the others were stored")
 	assert.False(t, opened.Load(), "one poison message must not open the breaker")
 	assert.Equal(t, middleware.BreakerClosed, g.Breaker().State())
 }

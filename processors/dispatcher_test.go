@@ -76,9 +76,9 @@ func TestDispatcher_PerKeyOrderWithAFailingHead(t *testing.T) {
 			processors.Handle(d, et, handle)
 		}
 	})
-	waitFor(t, "all three handled", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		return countRows(t, pool, in, "status = 'completed'") == 3
-	})
+	}, "all three handled")
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, []string{"created", "created", "created", "paid", "cancelled"}, attempts,
@@ -124,10 +124,10 @@ func TestDispatcher_UnknownEventTypePolicies(t *testing.T) {
 					return nil
 				})
 			})
-			waitFor(t, "the known event after it handled", 20*time.Second, func() bool {
+			testenv.Eventually(t, 20*time.Second, func() bool {
 				r, _ := rowOf(t, pool, in, "g", after.UUID)
 				return r.status == "completed"
-			})
+			}, "the known event after it handled")
 			r, ok := rowOf(t, pool, in, "g", unknown.UUID)
 			require.True(t, ok)
 			assert.Equal(t, tc.wantStatus, r.status)
@@ -168,13 +168,13 @@ func TestDispatcher_MalformedPayloadFailsAtOnceWithoutRetries(t *testing.T) {
 			return nil
 		})
 	})
-	waitFor(t, "the event behind the malformed one handled", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		r, _ := rowOf(t, pool, in, "g", good.UUID)
 		return r.status == "completed"
-	})
-	waitFor(t, "both malformed rows failed", 10*time.Second, func() bool {
+	}, "the event behind the malformed one handled")
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		return countRows(t, pool, in, "status = 'failed'") == 2
-	})
+	}, "both malformed rows failed")
 	for _, m := range []*message.Message{bad, wrongType} {
 		r, _ := rowOf(t, pool, in, "g", m.UUID)
 		assert.Equal(t, "failed", r.status)
@@ -248,9 +248,9 @@ func TestDispatcher_ExactlyOnceEffectsInTheTransaction(t *testing.T) {
 					return fx.write(ctx, tx, m.UUID, ev.Step)
 				})
 			})
-			waitFor(t, "both events handled", 20*time.Second, func() bool {
+			testenv.Eventually(t, 20*time.Second, func() bool {
 				return countRows(t, pool, in, "status = 'completed'") == 2
-			})
+			}, "both events handled")
 			assert.Equal(t, int64(2), calls.Load(), "handled again after the failed first call")
 			assert.Equal(t, 2, fx.count(t), "exactly one effect per event: the first call's write was rolled back")
 			r, _ := rowOf(t, pool, in, "g", msg.UUID)
@@ -291,10 +291,10 @@ func TestDispatcher_CountedFailureInTheTransactionWaitsForBackoff(t *testing.T) 
 		})
 	})
 	<-failed
-	waitFor(t, "the failure settled with a retry time", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		// attempts is 1 from the lease on; the settlement releases the row.
 		return countRows(t, pool, in, "message_id = $1 AND attempts = 1 AND locked_by IS NULL", msg.UUID) == 1
-	})
+	}, "the failure settled with a retry time")
 	var retryIn time.Duration
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT scheduled_at - now() FROM `+quoted(in)+` WHERE message_id = $1`, msg.UUID).Scan(&retryIn))
@@ -306,10 +306,10 @@ func TestDispatcher_CountedFailureInTheTransactionWaitsForBackoff(t *testing.T) 
 	// Bring the retry time forward; the lane carries it too.
 	_, err = pool.Exec(context.Background(), `UPDATE `+quotedLanes(in)+` SET ready_at = now()`)
 	require.NoError(t, err)
-	waitFor(t, "the retry to complete the row", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		r, _ := rowOf(t, pool, in, "g", msg.UUID)
 		return r.status == "completed"
-	})
+	}, "the retry to complete the row")
 	assert.Equal(t, 1, fx.count(t), "exactly one effect after the retry")
 	assert.Equal(t, int64(2), calls.Load())
 }
@@ -407,9 +407,9 @@ func TestDispatcher_DeadLetterTakesAnUndecodableMessageAndTheKeyMovesOn(t *testi
 			})
 		}
 	})
-	waitFor(t, "both rows completed", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		return countRows(t, pool, in, "status = 'completed'") == 2
-	})
+	}, "both rows completed")
 	assert.Equal(t, []string{"shipped"}, handled.snapshot(), "the undecodable message never reached a handler")
 	_, dead := letters.snapshot()
 	require.Len(t, dead, 1)

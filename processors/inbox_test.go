@@ -321,12 +321,12 @@ func TestInboxIngest_SameBrokerMessageThreeTimesIsStoredAndHandledOnce(t *testin
 				})
 			})
 
-			waitFor(t, "all three deliveries acked by the broker", 30*time.Second, func() bool { return sub.acks.Load() >= 3 })
-			waitFor(t, "the message handled", 10*time.Second, func() bool { return handled.total() >= 1 })
-			waitFor(t, "its row completed", 10*time.Second, func() bool {
+			testenv.Eventually(t, 30*time.Second, func() bool { return sub.acks.Load() >= 3 }, "all three deliveries acked by the broker")
+			testenv.Eventually(t, 10*time.Second, func() bool { return handled.total() >= 1 }, "the message handled")
+			testenv.Eventually(t, 10*time.Second, func() bool {
 				r, ok := rowOf(t, pool, in, "billing", msg.UUID)
 				return ok && r.status == "completed"
-			})
+			}, "its row completed")
 			assert.Equal(t, 1, countRows(t, pool, in, "true"), "stored once")
 			assert.Equal(t, []string{msg.UUID}, handled.snapshot(), "handled once")
 			assert.Equal(t, int64(3), sub.acks.Load())
@@ -371,10 +371,10 @@ func TestInboxIngest_TwoConsumerGroupsEachStoreAndHandleEveryMessageOnce(t *test
 		})
 	}
 	for g, c := range groups {
-		waitFor(t, "group "+g+" to handle every message", 30*time.Second, func() bool { return c.distinct() >= n })
-		waitFor(t, "group "+g+" rows completed", 10*time.Second, func() bool {
+		testenv.Eventually(t, 30*time.Second, func() bool { return c.distinct() >= n }, "group %s to handle every message", g)
+		testenv.Eventually(t, 10*time.Second, func() bool {
 			return countRows(t, pool, in, "consumer_group = $1 AND status = 'completed'", g) == n
-		})
+		}, "group %s rows completed", g)
 		assert.Equal(t, n, c.total(), "group %s handled a message more than once", g)
 		assert.ElementsMatch(t, ids, c.snapshot(), "group %s", g)
 	}
@@ -426,7 +426,7 @@ func TestInboxIngest_InlineHandlerErrorStoresNothingAndTheBrokerRedelivers(t *te
 	bus.SetPartitionKey(msg, "o-1")
 	require.NoError(t, pub.Publish("orders", msg))
 
-	waitFor(t, "the redelivery to succeed", 20*time.Second, func() bool { return sub.acks.Load() >= 1 })
+	testenv.Eventually(t, 20*time.Second, func() bool { return sub.acks.Load() >= 1 }, "the redelivery to succeed")
 	mu.Lock()
 	got := append([]seen(nil), calls...)
 	mu.Unlock()
@@ -441,7 +441,7 @@ func TestInboxIngest_InlineHandlerErrorStoresNothingAndTheBrokerRedelivers(t *te
 
 	// A later duplicate is acked without running the handler.
 	require.NoError(t, pub.Publish("orders", msg.Copy()))
-	waitFor(t, "the duplicate acked", 20*time.Second, func() bool { return sub.acks.Load() >= 2 })
+	testenv.Eventually(t, 20*time.Second, func() bool { return sub.acks.Load() >= 2 }, "the duplicate acked")
 	mu.Lock()
 	assert.Len(t, calls, 2)
 	mu.Unlock()
@@ -477,17 +477,17 @@ func TestInboxIngest_InlineWithTheDispatchersTypedHandlers(t *testing.T) {
 	bus.SetEventType(bad, "order.paid")
 	require.NoError(t, pub.Publish("orders", good, bad))
 
-	waitFor(t, "the good message acked", 20*time.Second, func() bool { return sub.acks.Load() >= 1 })
+	testenv.Eventually(t, 20*time.Second, func() bool { return sub.acks.Load() >= 1 }, "the good message acked")
 	r, ok := rowOf(t, pool, in, "billing", good.UUID)
 	require.True(t, ok)
 	assert.Equal(t, "completed", r.status)
 	assert.Equal(t, 1, fx.count(t))
 	// The malformed one is a permanent failure: Redis dead-letters it (and
 	// acks it) at once; nothing of it is stored.
-	waitFor(t, "the malformed message dead-lettered", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		n, err := testenv.Redis(t).XLen(context.Background(), b.prefix+"orders"+omniredis.DefaultDeadLetterSuffix).Result()
 		return err == nil && n == 1
-	})
+	}, "the malformed message dead-lettered")
 	_, ok = rowOf(t, pool, in, "billing", bad.UUID)
 	assert.False(t, ok, "nothing stored for the failed message")
 }
@@ -538,7 +538,7 @@ func TestInboxIngest_ConcurrentMessagesShareOneInsert(t *testing.T) {
 		Inbox:     postgres.InboxConfig{Table: in.Table()},
 		BatchSize: batch, BatchWait: 50 * time.Millisecond, Writers: 1,
 	})
-	waitFor(t, "every message acked", 30*time.Second, func() bool { return sub.acks.Load() >= n })
+	testenv.Eventually(t, 30*time.Second, func() bool { return sub.acks.Load() >= n }, "every message acked")
 	assert.Equal(t, n, countRows(t, pool, in, "true"))
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
@@ -566,11 +566,11 @@ func TestInboxIngest_AnInvalidMessageFailsAloneAndPermanently(t *testing.T) {
 		Subscriber: sub, Topic: "orders", ConsumerGroup: "billing",
 		Inbox: postgres.InboxConfig{Table: in.Table(), MaxPayloadBytes: 10}, Retry: fastRetry,
 	})
-	waitFor(t, "both bad messages dead-lettered", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		n, err := testenv.Redis(t).XLen(context.Background(), b.prefix+"orders"+omniredis.DefaultDeadLetterSuffix).Result()
 		return err == nil && n == 2
-	})
-	waitFor(t, "the good one acked", 20*time.Second, func() bool { return sub.acks.Load() >= 1 })
+	}, "both bad messages dead-lettered")
+	testenv.Eventually(t, 20*time.Second, func() bool { return sub.acks.Load() >= 1 }, "the good one acked")
 	assert.Equal(t, int64(2), sub.nacks.Load(), "each bad message was nacked once, as permanent")
 	_, ok := rowOf(t, pool, in, "billing", good.UUID)
 	assert.True(t, ok, "the good message is stored")

@@ -82,11 +82,11 @@ func TestOutboxRelay_MetricsMatchAKnownScenario(t *testing.T) {
 		Metrics: metrics,
 	})
 
-	waitFor(t, "five handler results and five settlements", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		n, err := testutil.GatherAndCount(reg, "omnibus_handler_messages_total")
 		require.NoError(t, err)
 		return n == 3 && histogramSum(t, reg, "omnibus_postgres_settle_size_rows") == 5
-	})
+	}, "five handler results and five settlements")
 
 	handler := processors.DefaultRelayHandlerName
 	expected := fmt.Sprintf(`
@@ -226,14 +226,14 @@ func TestTracing_OneTraceFromEnqueueThroughTheBrokerToTheDispatcherHandler(t *te
 				assert.NoError(t, ingest.Close())
 			})
 
-			waitFor(t, "the dispatcher's span to end after its handler", 60*time.Second, func() bool {
+			testenv.Eventually(t, 60*time.Second, func() bool {
 				for _, s := range exp.GetSpans() {
 					if s.Name == "process "+topic && handlerOf(s) == processors.DefaultDispatcherHandlerName {
 						return true
 					}
 				}
 				return false
-			})
+			}, "the dispatcher's span to end after its handler")
 
 			root := business.SpanContext()
 			relay := onlySpan(t, exp, "publish "+topic, "")
@@ -424,10 +424,10 @@ func TestOutboxRelay_WithoutTracingPassesTheRowsTraceContextOn(t *testing.T) {
 		assert.NoError(t, <-done)
 	})
 
-	waitFor(t, "both rows published", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, d := tgt.snapshot()
 		return len(d) == 2
-	})
+	}, "both rows published")
 	_, delivered := tgt.snapshot()
 	got := trace.SpanContextFromContext(bus.ExtractTraceContext(context.Background(), delivered[0].Metadata))
 	assert.Equal(t, business.SpanContext().SpanID(), got.SpanID(), "the row's trace context, not the relay's")

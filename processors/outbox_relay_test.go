@@ -98,27 +98,16 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, cfg processors.OutboxRelayConf
 	return relay
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitForCompleted waits until n rows of table are completed: a delivery's
 // ack is written a moment after the publisher saw it.
 func waitForCompleted(t *testing.T, pool *pgxpool.Pool, table string, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d rows completed", n), 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		var done int
 		require.NoError(t, pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE status = 'completed'`).Scan(&done))
 		return done >= n
-	})
+	}, "%d rows completed", n)
 }
 
 func payloadsOf(ms []*message.Message) []string {
@@ -154,10 +143,10 @@ func TestOutboxRelay_FailingHeadHoldsItsKeyAndOrderIsKept(t *testing.T) {
 				Subscriber: postgres.SubscriberConfig{Table: ob.Table(), PollInterval: 20 * time.Millisecond},
 				Retry:      middleware.RetryConfig{Base: base, TransientDelay: 30 * time.Millisecond},
 			})
-			waitFor(t, "all three events delivered", 20*time.Second, func() bool {
+			testenv.Eventually(t, 20*time.Second, func() bool {
 				_, d := tgt.snapshot()
 				return len(d) >= 3
-			})
+			}, "all three events delivered")
 			attempts, delivered := tgt.snapshot()
 			assert.Equal(t, []string{"created", "paid", "cancelled"}, payloadsOf(delivered))
 			assert.Equal(t, []string{"created", "created", "created", "paid", "cancelled"}, attempts,
@@ -196,18 +185,18 @@ func TestOutboxRelay_BrokerOutageSpendsNoAttempts(t *testing.T) {
 		Retry:      middleware.RetryConfig{Base: middleware.NoDelay, TransientDelay: 20 * time.Millisecond},
 		Breaker:    middleware.CircuitBreakerConfig{FailureThreshold: 1, OpenTimeout: 50 * time.Millisecond},
 	})
-	waitFor(t, "the breaker to open", 10*time.Second, func() bool { return relay.Breaker().State() != middleware.BreakerClosed })
-	waitFor(t, "several probes while the broker is down", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool { return relay.Breaker().State() != middleware.BreakerClosed }, "the breaker to open")
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		a, _ := tgt.snapshot()
 		return len(a) >= 4
-	})
+	}, "several probes while the broker is down")
 	mu.Lock()
 	down = false
 	mu.Unlock()
-	waitFor(t, "all five delivered after the outage", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		_, d := tgt.snapshot()
 		return len(d) >= 5
-	})
+	}, "all five delivered after the outage")
 	_, delivered := tgt.snapshot()
 	assert.Equal(t, []string{"0", "1", "2", "3", "4"}, payloadsOf(delivered))
 	waitForCompleted(t, pool, ob.Table(), 5)
@@ -251,15 +240,15 @@ func TestOutboxRelay_PoisonHeadFailsAfterExactlyMaxAttempts(t *testing.T) {
 	})
 	require.Equal(t, middleware.DefaultFailureThreshold, 5, "precondition: the default breaker")
 	table := pgx.Identifier{ob.Table()}.Sanitize()
-	waitFor(t, "the poison row failed after its budget", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		var status string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM `+table+` WHERE payload = 'poison'`).Scan(&status))
 		return status == "failed"
-	})
-	waitFor(t, "every other row delivered", 30*time.Second, func() bool {
+	}, "the poison row failed after its budget")
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, d := tgt.snapshot()
 		return len(d) == len(msgs)-1
-	})
+	}, "every other row delivered")
 	var spent, budget int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, max_attempts FROM `+table+` WHERE payload = 'poison'`).Scan(&spent, &budget))
 	assert.Equal(t, postgres.DefaultMaxAttempts, budget, "precondition: the default budget")
@@ -340,10 +329,10 @@ func TestOutboxRelay_StandTest(t *testing.T) {
 	}
 	wg.Wait()
 
-	waitFor(t, "all events delivered", 90*time.Second, func() bool {
+	testenv.Eventually(t, 90*time.Second, func() bool {
 		_, d := tgt.snapshot()
 		return len(d) >= events
-	})
+	}, "all events delivered")
 	_, delivered := tgt.snapshot()
 	seen := map[string]bool{}
 	last := map[string]int{}
@@ -441,10 +430,10 @@ func TestOutboxRelay_DeadLetterTakesRowsGivenUpOnAndCompletesThem(t *testing.T) 
 
 	// While the dead-letter topic is down the poison row is kept, with no
 	// attempt spent, and holds its key back.
-	waitFor(t, "the poison row tried a few times", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		attempts, _ := tgt.snapshot()
 		return len(attempts) >= 3
-	})
+	}, "the poison row tried a few times")
 	status, attempts := rowOf("poison")
 	assert.Equal(t, "pending", status)
 	assert.Zero(t, attempts, "no attempt spent while the dead letter cannot be published")
@@ -454,20 +443,20 @@ func TestOutboxRelay_DeadLetterTakesRowsGivenUpOnAndCompletesThem(t *testing.T) 
 	downMu.Lock()
 	down = false
 	downMu.Unlock()
-	waitFor(t, "the row behind it delivered", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		_, d := tgt.snapshot()
 		return len(d) == 1
-	})
+	}, "the row behind it delivered")
 	_, letters := dlq.snapshot()
 	require.Len(t, letters, 1)
 	assert.Equal(t, "poison", string(letters[0].Payload))
 	assert.Equal(t, "permanent", letters[0].Metadata.Get(middleware.MetaDeadLetterClass))
 	assert.Equal(t, "relay", letters[0].Metadata.Get(middleware.MetaDeadLetterHandler))
 	assert.Contains(t, letters[0].Metadata.Get(middleware.MetaDeadLetterError), "the broker rejects this record")
-	waitFor(t, "the poison row completed", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		status, _ := rowOf("poison")
 		return status == "completed"
-	})
+	}, "the poison row completed")
 	assert.Equal(t, 1.0, handledCount(t, reg, "relay", middleware.ResultDeadLettered), "counted as dead-lettered")
 }
 
@@ -609,12 +598,12 @@ func TestOutboxRelay_StandAttemptsEqualCountedFailures(t *testing.T) {
 	wg.Wait()
 
 	table := pgx.Identifier{ob.Table()}.Sanitize()
-	waitFor(t, "every row settled for good", 120*time.Second, func() bool {
+	testenv.Eventually(t, 120*time.Second, func() bool {
 		var open int
 		require.NoError(t, pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM `+table+` WHERE status = 'pending' OR locked_by IS NOT NULL`).Scan(&open))
 		return open == 0
-	})
+	}, "every row settled for good")
 	rows, err := pool.Query(context.Background(), `SELECT convert_from(payload, 'UTF8'), attempts, status FROM `+table)
 	require.NoError(t, err)
 	var (

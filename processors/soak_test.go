@@ -219,16 +219,16 @@ func TestSoak_RelaysRestartAndCrashWhileWritersWrite(t *testing.T) {
 
 	table := pgx.Identifier{ob.Table()}.Sanitize()
 	lanes := pgx.Identifier{ob.Table() + "_lanes"}.Sanitize()
-	waitFor(t, "every written row completed", 3*time.Minute, func() bool {
+	testenv.Eventually(t, 3*time.Minute, func() bool {
 		var n int
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE status = 'completed'`).Scan(&n))
 		return n == total
-	})
-	waitFor(t, "every lane released", 30*time.Second, func() bool {
+	}, "every written row completed")
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM `+lanes).Scan(&n))
 		return n == 0
-	})
+	}, "every lane released")
 	for _, r := range relays {
 		r.stop(t, admin, false)
 	}
@@ -380,11 +380,11 @@ func TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes(t *testing.T) 
 	total := int(sent.Load())
 
 	effects := pgx.Identifier{fx.name}.Sanitize()
-	waitFor(t, "an effect for every message", 3*time.Minute, func() bool {
+	testenv.Eventually(t, 3*time.Minute, func() bool {
 		var n int
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+effects).Scan(&n))
 		return n >= total
-	})
+	}, "an effect for every message")
 	ingest.stop(t, admin, false)
 	dispatch.stop(t, admin, false)
 

@@ -409,17 +409,6 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within 30s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
-}
-
 func count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
@@ -443,9 +432,9 @@ func TestRelay_DeliversServesMetricsAndStopsGracefully(t *testing.T) {
 		require.NoError(t, ob.Enqueue(ctx, pool, "orders", msg))
 	}
 	addr, stop := runServing(t, "--config", path, "relay")
-	waitUntil(t, "outbox relayed", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return count(t, `SELECT count(*) FROM `+outbox+` WHERE status = 'completed'`) == 10
-	})
+	}, "outbox relayed")
 	code, body := get(t, "http://"+addr+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "ok\n", body)
@@ -510,13 +499,13 @@ func TestIngest_StoresTheBrokersMessagesIntoTheInbox(t *testing.T) {
 	require.NoError(t, pub.Publish(topic, message.NewMessage("00000000-0000-4000-8000-000000000001", []byte("{}"))), "a duplicate")
 
 	addr, stop := runServing(t, "--config", path, "ingest")
-	waitUntil(t, "messages stored", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return count(t, `SELECT count(*) FROM `+inbox) == 5
-	})
-	waitUntil(t, "duplicate seen", func() bool {
+	}, "messages stored")
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, body := get(t, "http://"+addr+"/metrics")
 		return strings.Contains(body, fmt.Sprintf(`omnibus_handler_messages_total{handler="omnibus_inbox_ingest_%s",result="ok",topic=%q} 6`, topic, topic))
-	})
+	}, "duplicate seen")
 	_, body := get(t, "http://"+addr+"/metrics")
 	assert.Contains(t, body, fmt.Sprintf(`omnibus_inbox_stored_messages_total{consumer_group=%q,result="duplicate",table=%q} 1`, group, inbox))
 	assert.Contains(t, body, fmt.Sprintf(`omnibus_inbox_stored_messages_total{consumer_group=%q,result="new",table=%q} 5`, group, inbox))

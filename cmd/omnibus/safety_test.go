@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
@@ -136,27 +137,27 @@ func TestRelay_ReadyzIs503UntilTheSchemaIsMigratedThen200WithoutARestart(t *test
 
 	var code int
 	var body string
-	waitUntil(t, "/healthz says the relay is alive", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		code, _ = get(t, "http://"+addr+"/healthz")
 		return code == http.StatusOK
-	})
-	waitUntil(t, "/readyz reports the missing table and the failing fetches", func() bool {
+	}, "/healthz says the relay is alive")
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		code, body = get(t, "http://"+addr+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "\nschema: ") && strings.Contains(body, "\nfetch: ")
-	})
+	}, "/readyz reports the missing table and the failing fetches")
 	assert.Contains(t, body, fmt.Sprintf("\nschema: outbox table %q does not exist: run `omnibus migrate`", outbox))
 	assert.Contains(t, body, "\nfetch: the last ")
 
 	ok(t, cli(t, ctx, "--config", path, "migrate"))
 	enqueue(t, outbox, 2)
-	waitUntil(t, "/readyz is 200 after migrate", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		code, body = get(t, "http://"+addr+"/readyz")
 		return code == http.StatusOK
-	})
+	}, "/readyz is 200 after migrate")
 	assert.Equal(t, "ok\n", body)
-	waitUntil(t, "the same relay delivers once the table exists", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return count(t, `SELECT count(*) FROM `+outbox+` WHERE status = 'completed'`) == 2
-	})
+	}, "the same relay delivers once the table exists")
 	r := stop()
 	ok(t, r)
 	assert.Equal(t, 1, strings.Count(r.stderr, "level=WARN msg=\"not ready: outbox table"),
@@ -233,10 +234,10 @@ observability:
 		host, _, err := net.SplitHostPort(addr)
 		require.NoError(t, err)
 		assert.True(t, net.ParseIP(host).IsLoopback(), "%s serves on %s: not a loopback address", cmd, addr)
-		waitUntil(t, cmd+" /healthz answers 200", func() bool {
+		testenv.Eventually(t, 30*time.Second, func() bool {
 			code, _ := get(t, "http://"+addr+"/healthz")
 			return code == http.StatusOK
-		})
+		}, "%s /healthz answers 200", cmd)
 	}
 	assert.Equal(t, "127.0.0.1:9464", relayAddr)
 	assert.Equal(t, "127.0.0.1:9465", ingestAddr)

@@ -191,9 +191,9 @@ func TestRelay_WaitsForPostgreSQLAndTheBrokerDownAtStart(t *testing.T) {
 	assert.Contains(t, brokerWarn["error"], "connection refused", "the reason is logged")
 	testenv.StartRedisServer(t, redisPort)
 
-	waitUntil(t, "outbox relayed once both are back", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return count(t, `SELECT count(*) FROM `+outbox+` WHERE status = 'completed' AND attempts = 0`) == 1
-	})
+	}, "outbox relayed once both are back")
 	assert.Equal(t, exitOK, relay.stop(t), relay.stderr.String())
 	assert.NotContains(t, relay.stderr.String(), "hunter2")
 	var attempts []float64
@@ -275,7 +275,7 @@ func TestWaitReachable_RetriesTransientErrorsOnly(t *testing.T) {
 			return bus.Transient(down)
 		})
 	}()
-	waitUntil(t, "a second attempt", func() bool { return calls.Load() >= 2 })
+	testenv.Eventually(t, 30*time.Second, func() bool { return calls.Load() >= 2 }, "a second attempt")
 	cancel()
 	select {
 	case err := <-done:

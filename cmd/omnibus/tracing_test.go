@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
@@ -106,9 +107,9 @@ observability:
 	require.NoError(t, ob.Enqueue(ctx, testenv.Postgres(t), "orders", msg))
 
 	_, stop := runServing(t, "--config", path, "relay")
-	waitUntil(t, "outbox relayed", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return count(t, `SELECT count(*) FROM `+outbox+` WHERE status = 'completed'`) == 1
-	})
+	}, "outbox relayed")
 	ok(t, stop()) // shutting down flushes the spans
 
 	span, services := col.span("publish orders")
@@ -153,7 +154,7 @@ func TestIngest_ExportsItsSpansOverOTLP(t *testing.T) {
 	require.NoError(t, pub.Publish(topic, msg))
 
 	_, stop := runServing(t, "--config", path, "ingest")
-	waitUntil(t, "message stored", func() bool { return count(t, `SELECT count(*) FROM `+inbox) == 1 })
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(t, `SELECT count(*) FROM `+inbox) == 1 }, "message stored")
 	ok(t, stop())
 
 	span, services := col.span("process " + topic)

@@ -15,39 +15,25 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	_ "github.com/omnibus-go/omnibus/transports/all" // every broker, so the config can pick any
 )
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "broker-swap:", err)
-		os.Exit(1)
-	}
-}
+func main() { example.Main("broker-swap", 60*time.Second, run) }
 
-func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-
+func run(ctx context.Context) error {
 	// The configuration: a file (OMNIBUS_CONFIG, optional) and the OMNIBUS_*
 	// environment. Nothing below depends on which broker it names.
-	cfg, err := loadConfig()
+	cfg, err := example.Config(nil)
 	if err != nil {
 		return err
 	}
@@ -59,17 +45,13 @@ func run() error {
 	fmt.Printf("broker: %s\n", b.BrokerName())
 
 	// A topic of its own each run, so brokers that keep messages (Redis,
-	// Kafka, PostgreSQL) start empty.
-	topic := "broker_swap_orders_" + randomHex(4)
-	defer func() { // after the subscriber is closed (deferred below), before the broker
-		if *tidy.Keep {
-			fmt.Printf("kept topic %s on the %s broker (-keep)\n", topic, b.BrokerName())
-			return
-		}
-		if err := tidy.BrokerTopic(context.Background(), cfg, topic); err != nil {
-			fmt.Fprintln(os.Stderr, "broker-swap:", err)
-		}
-	}()
+	// Kafka, PostgreSQL) start empty. It is deleted after the subscriber is
+	// closed (deferred below), before the broker.
+	topic := example.Unique("broker_swap_orders_")
+	done := example.TidyWhenDone("topic "+topic+" on the "+b.BrokerName()+" broker", func(ctx context.Context) error {
+		return example.BrokerTopic(ctx, cfg, topic)
+	})
+	defer done()
 	// The service receives as its consumer group, inbox.consumer_group
 	// (OMNIBUS_INBOX_CONSUMER_GROUP, default "omnibus"); the postgres broker
 	// stores a row for each group in postgres.queue_groups, which defaults
@@ -116,38 +98,4 @@ func run() error {
 	}
 	fmt.Printf("%d messages published and received through %s, in order per key\n", len(orders)*len(steps), b.BrokerName())
 	return nil
-}
-
-// loadConfig is bus.LoadConfig, except that broker kafka without brokers
-// gets an in-process Kafka cluster, so the example runs anywhere.
-func loadConfig() (bus.Config, error) {
-	var cfg bus.Config
-	if path := os.Getenv("OMNIBUS_CONFIG"); path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return cfg, err
-		}
-		if cfg, err = bus.ParseConfig(data); err != nil {
-			return cfg, err
-		}
-	}
-	if err := cfg.ApplyEnv(os.LookupEnv); err != nil {
-		return cfg, err
-	}
-	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
-		if err != nil {
-			return cfg, err
-		}
-		// The cluster lives as long as the program.
-		cfg.Kafka.Brokers = cluster.ListenAddrs()
-		fmt.Printf("OMNIBUS_KAFKA_BROKERS is not set: started an in-process Kafka (kfake)\n")
-	}
-	return cfg, cfg.Validate()
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -17,26 +17,19 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
@@ -54,22 +47,12 @@ type orderPlaced struct {
 	Total int    `json:"total"`
 }
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "complete-worker:", err)
-		os.Exit(1)
-	}
-}
+// SIGINT and SIGTERM end run's context (example.Main); everything below stops
+// gracefully from it.
+func main() { example.Main("complete-worker", 60*time.Second, run) }
 
-func run() error {
-	// SIGINT/SIGTERM end ctx; everything below stops gracefully from it.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-
-	cfg, err := config()
+func run(ctx context.Context) error {
+	cfg, err := example.Config(configure)
 	if err != nil {
 		return err
 	}
@@ -81,15 +64,14 @@ func run() error {
 	if err := reset(ctx, b); err != nil {
 		return err
 	}
-	defer func() { // after the router and the ingest are closed, before the Bus
-		if *tidy.Keep {
-			fmt.Printf("kept the example's tables complete_worker_* (-keep)\n")
-			return
-		}
-		if err := cleanUp(context.Background(), b); err != nil {
-			fmt.Fprintln(os.Stderr, "complete-worker:", err)
-		}
-	}()
+	// After the router and the ingest are closed, before the Bus.
+	done := example.TidyWhenDone("the example's tables complete_worker_*", func(ctx context.Context) error {
+		return errors.Join(
+			example.BrokerTopic(ctx, cfg, "orders"),
+			example.DropTables(ctx, b.Pool(), []string{cfg.Outbox.Table, cfg.Inbox.Table, cfg.Postgres.QueueTable}, ordersTable, auditTable),
+		)
+	})
+	defer done()
 	fmt.Printf("complete-worker: broker %s, topic orders\n", b.BrokerName())
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
@@ -229,65 +211,33 @@ func run() error {
 	return nil
 }
 
-// config reads the OMNIBUS_* environment and gives the example tables of its
-// own. The audit log's consumer group is added to the postgres broker's
-// queue groups (other brokers need nothing: groups appear when they subscribe).
-func config() (bus.Config, error) {
-	var cfg bus.Config
-	if err := cfg.ApplyEnv(os.LookupEnv); err != nil {
-		return cfg, err
-	}
+// configure gives the example tables of its own. The audit log's consumer
+// group is added to the postgres broker's queue groups (other brokers need
+// nothing: groups appear when they subscribe).
+func configure(cfg *bus.Config) {
 	cfg.Outbox.Table = "complete_worker_outbox"
 	cfg.Inbox.Table = "complete_worker_inbox"
 	cfg.Inbox.ConsumerGroup = "complete-worker"
 	cfg.Postgres.QueueTable = "complete_worker_queue"
 	cfg.Postgres.QueueGroups = []string{cfg.Inbox.ConsumerGroup, auditGroup}
 	cfg.Relay.PollInterval = 200 * time.Millisecond
-	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Kafka.Brokers = c.ListenAddrs()
-	}
 	// Redis and Kafka keep messages between runs: a stream prefix per run
 	// keeps this run's topic empty.
 	if cfg.Redis.StreamPrefix == "" {
-		cfg.Redis.StreamPrefix = "complete-worker:" + randomHex(4) + ":"
+		cfg.Redis.StreamPrefix = example.Unique("complete-worker:") + ":"
 	}
-	return cfg, cfg.Validate()
 }
 
 // reset recreates the example's tables, so every run starts clean.
 func reset(ctx context.Context, b *omnibus.Bus) error {
 	cfg := b.Config()
-	_, err := b.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+ordersTable+`, `+auditTable+`, `+cfg.Outbox.Table+`, `+cfg.Outbox.Table+`_lanes, `+
-		cfg.Inbox.Table+`, `+cfg.Inbox.Table+`_lanes;
-		DO $$ BEGIN
-			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name IN ('`+cfg.Outbox.Table+`', '`+cfg.Inbox.Table+`');
-			END IF;
-		END $$;
-		CREATE TABLE `+ordersTable+` (id text PRIMARY KEY, status text NOT NULL);
+	if err := example.DropTables(ctx, b.Pool(), []string{cfg.Outbox.Table, cfg.Inbox.Table}, ordersTable, auditTable); err != nil {
+		return err
+	}
+	_, err := b.Pool().Exec(ctx, `CREATE TABLE `+ordersTable+` (id text PRIMARY KEY, status text NOT NULL);
 		CREATE TABLE `+auditTable+` (event_id text NOT NULL, order_id text NOT NULL)`)
 	if err != nil {
-		return fmt.Errorf("reset the example's tables: %w", err)
+		return fmt.Errorf("create the example's tables: %w", err)
 	}
 	return b.Migrate(ctx)
-}
-
-// cleanUp drops the example's tables and deletes what the orders topic left
-// on the broker.
-func cleanUp(ctx context.Context, b *omnibus.Bus) error {
-	cfg := b.Config()
-	return errors.Join(
-		tidy.BrokerTopic(ctx, cfg, "orders"),
-		tidy.DropTables(ctx, b.Pool(), []string{cfg.Outbox.Table, cfg.Inbox.Table, cfg.Postgres.QueueTable}, ordersTable, auditTable),
-	)
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -20,20 +20,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -52,48 +48,34 @@ type orderEvent struct {
 	Amount  int    `json:"amount"`
 }
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "inbox-dispatcher:", err)
-		os.Exit(1)
-	}
-}
+func main() { example.Main("inbox-dispatcher", 30*time.Second, run) }
 
-func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+func run(ctx context.Context) error {
 	// Handler failures are part of the show and printed below; the
 	// processors' own logs would repeat them.
 	var log *slog.Logger
 
-	pool, err := connectPostgres(ctx)
+	pool, err := example.Postgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	rdb, prefix, err := connectRedis(ctx)
+	rdb, err := example.Redis(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = rdb.Close() }()
+	prefix := example.Unique("omnibus:example:") + ":" // streams of this run's own
 
 	// A clean slate each run, so the output is the same every time, and
 	// nothing left behind when done (unless -keep).
-	if err := tidy.DropSchema(ctx, pool, schema); err != nil {
+	done, err := example.Tidy(ctx, "the example's schema "+schema+" and streams "+prefix+"*", func(ctx context.Context) error {
+		return errors.Join(example.DropSchema(ctx, pool, schema), example.DropStreams(ctx, rdb, prefix+topic))
+	})
+	if err != nil {
 		return err
 	}
-	defer func() {
-		if *tidy.Keep {
-			fmt.Printf("kept the example's schema %s and streams %s* (-keep)\n", schema, prefix)
-			return
-		}
-		err := errors.Join(tidy.DropSchema(context.Background(), pool, schema),
-			rdb.Del(context.Background(), prefix+topic, prefix+topic+redis.DefaultDeadLetterSuffix).Err())
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "inbox-dispatcher:", err)
-		}
-	}()
+	defer done()
 	if err := postgres.Migrate(ctx, pool, postgres.InboxTable(inboxTable)); err != nil {
 		return err
 	}
@@ -188,19 +170,8 @@ func run() error {
 	processors.Handle(dispatcher, "order.paid", ledger("charge"))
 	processors.Handle(dispatcher, "order.shipped", ledger("close"))
 
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
-	errs := make(chan error, 2)
-	for _, r := range []interface{ Run(context.Context) error }{ingest, dispatcher} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := r.Run(runCtx); err != nil {
-				errs <- err
-			}
-		}()
-	}
+	running := example.Start(ctx, ingest, dispatcher)
+	defer running.Stop()
 
 	// Wait until every distinct event is settled in the inbox.
 	for {
@@ -212,15 +183,14 @@ func run() error {
 			break
 		}
 		select {
+		case <-running.Failed():
+			return running.Stop()
 		case <-ctx.Done():
 			return fmt.Errorf("only %d of %d events settled: %w", settled, len(sent), ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	stop()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := running.Stop(); err != nil {
 		return err
 	}
 
@@ -247,34 +217,4 @@ func run() error {
 	}
 	fmt.Printf("ledger: %d entries, exactly one per handled event (the failed attempt's entry was rolled back)\n", entries)
 	return nil
-}
-
-func connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
-	url := os.Getenv("OMNIBUS_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL at %s: %w (start it with `make services`)", url, err)
-	}
-	return pool, nil
-}
-
-// connectRedis returns a client and a stream prefix of this run's own.
-func connectRedis(ctx context.Context) (*goredis.Client, string, error) {
-	addr := os.Getenv("OMNIBUS_REDIS_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:6379"
-	}
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		_ = rdb.Close()
-		return nil, "", fmt.Errorf("Redis at %s: %w (start it with `make services`)", addr, err)
-	}
-	return rdb, "omnibus:example:" + watermill.NewShortUUID() + ":", nil
 }

@@ -12,20 +12,16 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -35,44 +31,24 @@ const (
 	topic       = "orders"
 )
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "outbox-basic:", err)
-		os.Exit(1)
-	}
-}
+func main() { example.Main("outbox-basic", 60*time.Second, run) }
 
-func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	url := os.Getenv("OMNIBUS_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
+func run(ctx context.Context) error {
+	pool, err := example.Postgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("PostgreSQL at %s: %w (start it with `make services`)", url, err)
-	}
 
 	// A clean slate each run, so the output is the same every time, and
 	// nothing left behind when done (unless -keep).
-	if err := tidy.DropTables(ctx, pool, []string{outboxTable}, "example_orders"); err != nil {
+	done, err := example.Tidy(ctx, "the example's tables "+outboxTable+" and example_orders", func(ctx context.Context) error {
+		return example.DropTables(ctx, pool, []string{outboxTable}, "example_orders")
+	})
+	if err != nil {
 		return err
 	}
-	defer func() {
-		if *tidy.Keep {
-			fmt.Printf("kept the example's tables %s and example_orders (-keep)\n", outboxTable)
-			return
-		}
-		if err := tidy.DropTables(context.Background(), pool, []string{outboxTable}, "example_orders"); err != nil {
-			fmt.Fprintln(os.Stderr, "outbox-basic:", err)
-		}
-	}()
+	defer done()
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}
@@ -118,14 +94,12 @@ func run() error {
 	relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
 		Publisher:  broker,
 		Subscriber: postgres.SubscriberConfig{Table: outboxTable},
-	}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	}, example.Logger())
 	if err != nil {
 		return err
 	}
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	defer stopRelay()
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
+	running := example.Start(ctx, relay)
+	defer running.Stop()
 
 	last := map[string]string{}
 	next := map[string]string{"": "created", "created": "paid", "paid": "shipped"}
@@ -144,8 +118,7 @@ func run() error {
 			return fmt.Errorf("only %d of %d events delivered: %w", i, 3*len(orders), ctx.Err())
 		}
 	}
-	stopRelay()
-	if err := <-relayDone; err != nil {
+	if err := running.Stop(); err != nil {
 		return err
 	}
 	var pending int

@@ -17,22 +17,16 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -46,33 +40,16 @@ const (
 	partitions  = 3
 )
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "outbox-kafka:", err)
-		os.Exit(1)
-	}
-}
+func main() { example.Main("outbox-kafka", 60*time.Second, run) }
 
-func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-
-	pgURL := os.Getenv("OMNIBUS_POSTGRES_URL")
-	if pgURL == "" {
-		pgURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, pgURL)
+func run(ctx context.Context) error {
+	logger := example.Logger()
+	pool, err := example.Postgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("PostgreSQL at %s: %w (start it with `make services`)", pgURL, err)
-	}
-
-	brokers, stopKafka, err := kafkaBrokers()
+	brokers, stopKafka, err := example.Kafka()
 	if err != nil {
 		return err
 	}
@@ -80,22 +57,18 @@ func run() error {
 
 	// A clean slate each run, so the output is the same every time, and
 	// nothing left behind when done (unless -keep).
-	if err := tidy.DropTables(ctx, pool, []string{outboxTable}, ordersTable); err != nil {
+	done, err := example.Tidy(ctx, "the example's tables "+outboxTable+" and "+ordersTable+", topic "+topic+" and consumer group "+group,
+		func(ctx context.Context) error {
+			return errors.Join(example.DropTables(ctx, pool, []string{outboxTable}, ordersTable),
+				example.DropKafkaTopic(brokers, topic, group))
+		})
+	if err != nil {
 		return err
 	}
-	if err := resetTopic(ctx, brokers); err != nil {
+	defer done()
+	if err := example.CreateKafkaTopic(ctx, brokers, topic, partitions); err != nil {
 		return err
 	}
-	defer func() {
-		if *tidy.Keep {
-			fmt.Printf("kept the example's tables %s and %s, topic %s and consumer group %s (-keep)\n", outboxTable, ordersTable, topic, group)
-			return
-		}
-		err := errors.Join(tidy.DropTables(context.Background(), pool, []string{outboxTable}, ordersTable), deleteTopic(brokers))
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "outbox-kafka:", err)
-		}
-	}()
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}
@@ -144,10 +117,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	defer stopRelay()
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
+	running := example.Start(ctx, relay)
+	defer running.Stop()
 
 	// The consumer: a consumer group on the topic. Different orders are
 	// handled concurrently, the events of one order one after another.
@@ -187,8 +158,7 @@ func run() error {
 			return fmt.Errorf("only %d of %d events delivered: %w", i, total, ctx.Err())
 		}
 	}
-	stopRelay()
-	if err := <-relayDone; err != nil {
+	if err := running.Stop(); err != nil {
 		return err
 	}
 	if err := sub.Close(); err != nil {
@@ -201,73 +171,4 @@ func run() error {
 	fmt.Printf("all %d events delivered through Kafka topic %q in order per order id; %d outbox rows left pending\n",
 		total, topic, pending)
 	return nil
-}
-
-// kafkaBrokers returns the brokers of OMNIBUS_KAFKA_BROKERS, or starts an
-// in-process kfake cluster and returns its address.
-func kafkaBrokers() (brokers []string, stop func(), err error) {
-	if env := os.Getenv("OMNIBUS_KAFKA_BROKERS"); env != "" {
-		for b := range strings.SplitSeq(env, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				brokers = append(brokers, b)
-			}
-		}
-		fmt.Printf("using Kafka at %s\n", strings.Join(brokers, ","))
-		return brokers, func() {}, nil
-	}
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
-	if err != nil {
-		return nil, nil, fmt.Errorf("start in-process Kafka: %w", err)
-	}
-	brokers = cluster.ListenAddrs()
-	fmt.Printf("OMNIBUS_KAFKA_BROKERS is not set: started an in-process Kafka (kfake) at %s\n", strings.Join(brokers, ","))
-	return brokers, cluster.Close, nil
-}
-
-// deleteTopic deletes the example's consumer group and topic.
-func deleteTopic(brokers []string) error {
-	admin, err := sarama.NewClusterAdmin(brokers, sarama.NewConfig())
-	if err != nil {
-		return fmt.Errorf("Kafka at %v: %w", brokers, err)
-	}
-	defer admin.Close()
-	if err := admin.DeleteConsumerGroup(group); err != nil && !errors.Is(err, sarama.ErrGroupIDNotFound) {
-		return fmt.Errorf("delete consumer group %q: %w", group, err)
-	}
-	if err := admin.DeleteTopic(topic); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return fmt.Errorf("delete topic %q: %w", topic, err)
-	}
-	return nil
-}
-
-// resetTopic deletes the example's topic and consumer group if they exist
-// and creates the topic afresh.
-func resetTopic(ctx context.Context, brokers []string) error {
-	admin, err := sarama.NewClusterAdmin(brokers, sarama.NewConfig())
-	if err != nil {
-		return fmt.Errorf("Kafka at %v: %w", brokers, err)
-	}
-	defer admin.Close()
-	if err := admin.DeleteConsumerGroup(group); err != nil && !errors.Is(err, sarama.ErrGroupIDNotFound) {
-		return fmt.Errorf("reset consumer group %q: %w", group, err)
-	}
-	if err := admin.DeleteTopic(topic); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return fmt.Errorf("reset topic %q: %w", topic, err)
-	}
-	// A real broker deletes a topic asynchronously: retry the creation until
-	// the old one is gone.
-	for {
-		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-			return fmt.Errorf("create topic %q: %w", topic, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("create topic %q: the previous one is still being deleted: %w", topic, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

@@ -14,20 +14,16 @@ package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/redis"
@@ -40,66 +36,33 @@ const (
 	group        = "order-printer"
 )
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "outbox-redis:", err)
-		os.Exit(1)
-	}
-}
+func main() { example.Main("outbox-redis", 60*time.Second, run) }
 
-func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-
-	pgURL := os.Getenv("OMNIBUS_POSTGRES_URL")
-	if pgURL == "" {
-		pgURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, pgURL)
+func run(ctx context.Context) error {
+	logger := example.Logger()
+	pool, err := example.Postgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("PostgreSQL at %s: %w (start it with `make services`)", pgURL, err)
+	client, err := example.Redis(ctx)
+	if err != nil {
+		return err
 	}
-
-	redisAddr := os.Getenv("OMNIBUS_REDIS_ADDR")
-	if redisAddr == "" {
-		redisAddr = "127.0.0.1:6379"
-	}
-	client := goredis.NewClient(&goredis.Options{Addr: redisAddr})
 	defer client.Close() // ours: the transport never closes a client it is given
-	if err := client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("Redis at %s: %w (start it with `make services`)", redisAddr, err)
-	}
 
 	// A clean slate each run, so the output is the same every time, and
 	// nothing left behind when done (unless -keep).
 	stream := streamPrefix + topic
-	cleanUp := func(ctx context.Context) error {
-		if err := tidy.DropTables(ctx, pool, []string{outboxTable}, "example_redis_orders"); err != nil {
-			return err
-		}
-		if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
-			return fmt.Errorf("delete the example's stream: %w", err)
-		}
-		return nil
-	}
-	if err := cleanUp(ctx); err != nil {
+	done, err := example.Tidy(ctx, "the example's tables "+outboxTable+" and example_redis_orders and stream "+stream,
+		func(ctx context.Context) error {
+			return errors.Join(example.DropTables(ctx, pool, []string{outboxTable}, "example_redis_orders"),
+				example.DropStreams(ctx, client, stream))
+		})
+	if err != nil {
 		return err
 	}
-	defer func() {
-		if *tidy.Keep {
-			fmt.Printf("kept the example's tables %s and example_redis_orders and stream %s (-keep)\n", outboxTable, stream)
-			return
-		}
-		if err := cleanUp(context.Background()); err != nil {
-			fmt.Fprintln(os.Stderr, "outbox-redis:", err)
-		}
-	}()
+	defer done()
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}
@@ -146,10 +109,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	defer stopRelay()
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
+	running := example.Start(ctx, relay)
+	defer running.Stop()
 
 	// The consumer: a consumer group on the stream, one order's events at a
 	// time (OrderByKey), acked after printing.
@@ -186,8 +147,7 @@ func run() error {
 			return fmt.Errorf("only %d of %d events delivered: %w", i, total, ctx.Err())
 		}
 	}
-	stopRelay()
-	if err := <-relayDone; err != nil {
+	if err := running.Stop(); err != nil {
 		return err
 	}
 	if err := sub.Close(); err != nil {

@@ -25,9 +25,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
 	"sort"
 	"sync"
 	"time"
@@ -40,7 +38,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/examples/internal/tidy"
+	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -60,18 +58,10 @@ type orderEvent struct {
 	Reason  string `json:"reason,omitempty"`
 }
 
-func main() {
-	flag.Parse()
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "saga:", err)
-		os.Exit(1)
-	}
-}
+func main() { example.Main("saga", 30*time.Second, run) }
 
-func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pool, err := connectPostgres(ctx)
+func run(ctx context.Context) error {
+	pool, err := example.Postgres(ctx)
 	if err != nil {
 		return err
 	}
@@ -79,18 +69,13 @@ func run() error {
 
 	// A clean slate each run, so the output is the same every time, and
 	// nothing left behind when done (unless -keep).
-	if err := tidy.DropSchema(ctx, pool, schema); err != nil {
+	done, err := example.Tidy(ctx, "the example's schema "+schema, func(ctx context.Context) error {
+		return example.DropSchema(ctx, pool, schema)
+	})
+	if err != nil {
 		return err
 	}
-	defer func() {
-		if *tidy.Keep {
-			fmt.Printf("kept the example's schema %s (-keep)\n", schema)
-			return
-		}
-		if err := tidy.DropSchema(context.Background(), pool, schema); err != nil {
-			fmt.Fprintln(os.Stderr, "saga:", err)
-		}
-	}()
+	defer done()
 	if err := postgres.Migrate(ctx, pool,
 		postgres.OutboxTable(schema+".orders_outbox"), postgres.InboxTable(schema+".orders_inbox"),
 		postgres.OutboxTable(schema+".payments_outbox"), postgres.InboxTable(schema+".payments_inbox"),
@@ -126,21 +111,8 @@ func run() error {
 	registerOrders(orders)
 	registerPayments(payments)
 
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errs := make(chan error, 6)
-	defer func() { stop(); wg.Wait() }()
-	for _, s := range []*service{orders, payments} {
-		for _, r := range s.runners() {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := r.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
-					errs <- fmt.Errorf("%s: %w", s.name, err)
-				}
-			}()
-		}
-	}
+	running := example.Start(ctx, append(orders.runners(), payments.runners()...)...)
+	defer running.Stop()
 
 	// Three customers: one happy path, one declined card, one address the
 	// carrier rejects (paid, then refunded: the compensation).
@@ -165,15 +137,16 @@ func run() error {
 			break
 		}
 		select {
-		case err := <-errs:
-			return err
+		case <-running.Failed():
+			return running.Stop()
 		case <-ctx.Done():
 			return fmt.Errorf("%d orders still open: %w", open, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	stop()
-	wg.Wait()
+	if err := running.Stop(); err != nil {
+		return err
+	}
 
 	trace.print()
 	fmt.Println("final state:")
@@ -255,8 +228,8 @@ func newService(pool *pgxpool.Pool, brokers []string, name, ownTopic, otherTopic
 	return s, nil
 }
 
-func (s *service) runners() []interface{ Run(context.Context) error } {
-	return []interface{ Run(context.Context) error }{s.relay, s.ingest, s.dispatcher}
+func (s *service) runners() []example.Runner {
+	return []example.Runner{s.relay, s.ingest, s.dispatcher}
 }
 
 func (s *service) close() { _ = s.publisher.Close() }
@@ -434,20 +407,4 @@ func (t *tracer) print() {
 			fmt.Printf("  #%d %-9s emits %-23s %s\n", n, s.service, s.eventType, cause)
 		}
 	}
-}
-
-func connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
-	url := os.Getenv("OMNIBUS_POSTGRES_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL at %s: %w (start it with `make services`)", url, err)
-	}
-	return pool, nil
 }

@@ -178,7 +178,7 @@ func createTopicWithConfig(t *testing.T, brokers []string, topic string, configs
 	}
 	require.NoError(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: entries}, false),
 		"create topic %q", topic)
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		md, err := admin.DescribeTopics([]string{topic})
 		return err == nil && len(md) == 1 && errors.Is(md[0].Err, sarama.ErrNoError) && len(md[0].Partitions) == 1
 	}, "topic %q has a leader", topic)

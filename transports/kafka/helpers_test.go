@@ -2,7 +2,6 @@ package kafka_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -132,15 +131,4 @@ func header(rec *sarama.ConsumerMessage, key string) string {
 		}
 	}
 	return ""
-}
-
-func eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %s", timeout, fmt.Sprintf(format, args...))
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
-	}
 }

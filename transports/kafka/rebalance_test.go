@@ -72,7 +72,7 @@ func TestSubscriber_RebalanceCancelsRevokedWork(t *testing.T) {
 				}
 			}()
 
-			eventually(t, 30*time.Second, func() bool {
+			testenv.Eventually(t, 30*time.Second, func() bool {
 				mu.Lock()
 				defer mu.Unlock()
 				return len(got2) == 1

@@ -100,14 +100,14 @@ func TestOutboxRelay_KafkaOutageSpendsNoAttemptsAndKeepsOrder(t *testing.T) {
 				assert.NoError(t, <-done)
 			})
 
-			eventually(t, 30*time.Second, func() bool { return probes() >= 5 },
+			testenv.Eventually(t, 30*time.Second, func() bool { return probes() >= 5 },
 				"the relay keeps probing Kafka during the outage")
 			completed, spent := outboxState(t, pool, table)
 			assert.Zero(t, completed, "nothing can be completed while Kafka refuses every record")
 			assert.Zero(t, spent, "the outage spends no attempts")
 
 			heal()
-			eventually(t, 60*time.Second, func() bool {
+			testenv.Eventually(t, 60*time.Second, func() bool {
 				completed, _ := outboxState(t, pool, table)
 				return completed == keys*perKey
 			}, "every row is relayed once Kafka answers again")

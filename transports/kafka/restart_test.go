@@ -140,7 +140,7 @@ func TestSubscriber_RestartResumesAtFirstUnackedOffset(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for id := range want {
@@ -152,7 +152,7 @@ func TestSubscriber_RestartResumesAtFirstUnackedOffset(t *testing.T) {
 	}, "the second consumer delivers every message the first did not ack")
 	// Once everything is committed, the second consumer has read (and
 	// delivered or skipped) every record.
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		return maps.Equal(end, committedOffsets(t, admin, group, topic, partitions))
 	}, "the group commits every partition to its end")
 	require.NoError(t, sub2.Close())

@@ -367,11 +367,11 @@ func TestAdmin_RequeueWaitsOutAWriterHoldingTheLane(t *testing.T) {
 		n, err := f.admin.RequeueAllFailed(ctx, 10, nil)
 		done <- result{n, err}
 	}()
-	waitFor(t, "the requeue to give up a lock wait and retry", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return retries > 0
-	})
+	}, "the requeue to give up a lock wait and retry")
 	require.NoError(t, writer.Commit(ctx))
 
 	select {

@@ -184,7 +184,7 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 	require.NoError(t, err)
 	committed, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
-	waitFor(t, "every committed row to be delivered", time.Minute, func() bool {
+	testenv.Eventually(t, time.Minute, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, id := range committed {
@@ -193,7 +193,7 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 			}
 		}
 		return true
-	})
+	}, "every committed row to be delivered")
 	mu.Lock()
 	defer mu.Unlock()
 	for key, ids := range firsts {
@@ -388,39 +388,39 @@ func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
 	// so try again until the second relay gets the key.)
 	second := testEngine(pool, ob, "second", 16)
 	var res fetchResult
-	waitFor(t, "the second relay to take the key", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
 			UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
 		require.NoError(t, err)
 		res, err = second.fetch(ctx, AllTopics, 10, 10)
 		require.NoError(t, err)
 		return len(res.units) == 1
-	})
+	}, "the second relay to take the key")
 	require.Equal(t, []string{"r1", "r2", "r3"}, payloads(res.units[0].rows), "the second relay took the key")
 
 	// The first relay's next renewal finds the key taken.
-	waitFor(t, "the first relay to notice", 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		s1.tracked.mu.Lock()
 		defer s1.tracked.mu.Unlock()
 		l := s1.tracked.leases[laneKey{topic: "t", key: "k"}]
 		return l != nil && l.lost.Load()
-	})
+	}, "the first relay to notice")
 	first.Ack()
 	select {
 	case m := <-ch:
 		t.Fatalf("the first relay delivered %s after the second took its key", m.Payload)
 	case <-time.After(500 * time.Millisecond):
 	}
-	waitFor(t, "the lost lease to be reported", 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		return len(rec.lost) == 1 && rec.lost[0].Rows == 2
-	})
+	}, "the lost lease to be reported")
 	// The first relay's ack of r1 was dropped: the row is the second's.
-	waitFor(t, "the first relay's settlement to be written (and dropped)", 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		s := stateOf(t, pool, ob, "r1")
 		return s.status == "pending" && s.lockedBy != nil && *s.lockedBy == "second"
-	})
+	}, "the first relay's settlement to be written (and dropped)")
 }
 
 type statementCounter struct{ n atomic.Int64 }

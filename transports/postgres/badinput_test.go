@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
 // badFailures are handler failures whose settlement PostgreSQL cannot store
@@ -63,13 +64,13 @@ func settleBadFailures(t *testing.T, pool *pgxpool.Pool, cfg SubscriberConfig, r
 	case <-time.After(30 * time.Second):
 		t.Fatalf("not every row was delivered")
 	}
-	waitFor(t, "every settlement written (acks next to failures PostgreSQL cannot store as given)", 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		var open int
 		require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(
 			`SELECT count(*) FROM %s WHERE locked_by IS NOT NULL OR (status = 'pending' AND attempts = 0)`,
 			quoteIdent(cfg.Table))).Scan(&open))
 		return open == 0
-	})
+	}, "every settlement written (acks next to failures PostgreSQL cannot store as given)")
 }
 
 func quoteIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
@@ -183,16 +184,16 @@ CREATE TRIGGER refuse BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 			m.Ack()
 		}
 	}()
-	waitFor(t, "the acks next to a failure the database refuses are written", 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		var done int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+quoteIdent(ob.Table())+` WHERE status = 'completed'`).Scan(&done))
 		return done == 6
-	})
-	waitFor(t, "the refused failure stored in a form the row can hold", 15*time.Second, func() bool {
+	}, "the acks next to a failure the database refuses are written")
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		var locked bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT locked_by IS NOT NULL FROM `+quoteIdent(ob.Table())+` WHERE payload = 'refused'::bytea`).Scan(&locked))
 		return !locked
-	})
+	}, "the refused failure stored in a form the row can hold")
 	var (
 		attempts  int
 		lastError string

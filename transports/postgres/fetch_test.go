@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/middleware"
 )
 
@@ -283,9 +284,9 @@ func TestFetch_CrashedRelaysRowsGoToAnotherAfterLeaseExpiry(t *testing.T) {
 	other := testEngine(pool, ob, "other", 16)
 	assert.Empty(t, cycle(t, other, 10, nil), "rows leased by a live relay are not handed out")
 	var got []string
-	waitFor(t, "the crashed relay's lease to expire and the rows to be delivered", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		got = append(got, payloads(cycle(t, other, 10, nil))...)
 		return len(got) >= 3
-	})
+	}, "the crashed relay's lease to expire and the rows to be delivered")
 	assert.Equal(t, []string{"k1", "k2", "k3"}, got, "taken over in order")
 }

@@ -51,18 +51,6 @@ func enqueue(t *testing.T, pool *pgxpool.Pool, ob *Outbox, topic string, msgs ..
 	require.NoError(t, ob.Enqueue(context.Background(), pool, topic, msgs...))
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func payloads(rs []row) []string {
 	out := make([]string, len(rs))
 	for i, r := range rs {

@@ -400,10 +400,10 @@ func TestSubscriber_CompleteInTxCommitsWithTheEffect(t *testing.T) {
 	m = next(t, ch)
 	assert.Equal(t, "second", string(m.Payload), "the key moves on after a completion in a transaction")
 	m.Ack()
-	waitFor(t, "second completed", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		s, _ := statusOf(t, pool, in, second.UUID, "g")
 		return s == "completed"
-	})
+	}, "second completed")
 	var notes []string
 	rows, err := pool.Query(ctx, `SELECT note FROM `+pgx.Identifier{effects}.Sanitize())
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
 func TestSubscriber_WokenByNotifyOnCommit(t *testing.T) {
@@ -97,7 +98,7 @@ func TestSubscriber_LeaseIsRenewedWhileHandlerRuns(t *testing.T) {
 	case <-time.After(3 * time.Second): // three lease lengths
 	}
 	m.Ack()
-	waitFor(t, "the row to complete", 5*time.Second, func() bool { return stateOf(t, pool, ob, "slow").status == "completed" })
+	testenv.Eventually(t, 5*time.Second, func() bool { return stateOf(t, pool, ob, "slow").status == "completed" }, "the row to complete")
 }
 
 func TestSubscriber_NackAppliesTheSettlement(t *testing.T) {
@@ -120,6 +121,6 @@ func TestSubscriber_NackAppliesTheSettlement(t *testing.T) {
 	next := <-ch
 	assert.Equal(t, "after", string(next.Payload), "a failed row does not hold its key (default policy)")
 	next.Ack()
-	waitFor(t, "the failure to be written", 5*time.Second, func() bool { return stateOf(t, pool, ob, "p").status == "failed" })
+	testenv.Eventually(t, 5*time.Second, func() bool { return stateOf(t, pool, ob, "p").status == "failed" }, "the failure to be written")
 	assert.Equal(t, "cannot decode", *stateOf(t, pool, ob, "p").lastError)
 }

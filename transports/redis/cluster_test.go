@@ -74,7 +74,7 @@ func TestCluster_DeadLetterStreamOnAnotherNodeReceivesGivenUpAndUndecodableEntri
 	require.True(t, bus.Settle(msg, bus.Settlement{Class: bus.ClassCounted, GiveUp: true, Error: "budget spent"}))
 	msg.Nack()
 
-	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
 		"entries still pending in %s after dead-lettering", stream)
 	entries, err := c.XRange(ctx, deadLetter, "-", "+").Result()
 	require.NoError(t, err)

@@ -122,22 +122,3 @@ func (e *env) pending(stream, group string) int64 {
 	require.NoError(e.t, err)
 	return p.Count
 }
-
-// eventually polls cond every 20 ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			if !cond() {
-				t.Fatalf(format, args...)
-			}
-			return
-		}
-	}
-}

@@ -146,7 +146,7 @@ func (r *relayRun) lastErr() error {
 // none succeeded, that they were transient and that no attempt was spent.
 func (r *relayRun) waitForFailedPublishes(t *testing.T, n int64, why string) {
 	t.Helper()
-	eventually(t, 20*time.Second, func() bool { return r.pub.failures.Load() >= n },
+	testenv.Eventually(t, 20*time.Second, func() bool { return r.pub.failures.Load() >= n },
 		"the relay made %d failed publishes while %s, want at least %d", r.pub.failures.Load(), why, n)
 	assert.Zero(t, r.pub.successes.Load(), "a publish succeeded while %s", why)
 	assert.Equal(t, bus.ClassTransient, bus.ClassOf(r.lastErr()), "a publish failing while %s must be transient: %v", why, r.lastErr())
@@ -160,7 +160,7 @@ func (r *relayRun) checkDelivered(t *testing.T, client goredis.UniversalClient) 
 	t.Helper()
 	ctx := context.Background()
 	stream := r.prefix + r.topic
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		n, err := client.XLen(ctx, stream).Result()
 		return err == nil && n >= int64(len(r.all))
 	}, "not every outbox event reached the stream")
@@ -174,7 +174,7 @@ func (r *relayRun) checkDelivered(t *testing.T, client goredis.UniversalClient) 
 		got[bus.PartitionKey(msg)] = append(got[bus.PartitionKey(msg)], string(msg.Payload))
 	}
 	assert.Equal(t, r.want, got, "stream order per key differs from the outbox order")
-	eventually(t, 10*time.Second, func() bool { return pendingRows(t, r.table) == 0 }, "outbox rows still pending")
+	testenv.Eventually(t, 10*time.Second, func() bool { return pendingRows(t, r.table) == 0 }, "outbox rows still pending")
 	assert.Zero(t, attemptsSpent(t, r.table), "the outage spent attempts")
 }
 

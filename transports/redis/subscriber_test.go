@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -72,7 +73,7 @@ func testReclaimsEntriesOfADeadConsumer(t *testing.T, e *env) {
 		assert.Equal(t, topic, d.Topic)
 	}
 	assert.EqualValues(t, 10, sub.Stats().Reclaimed)
-	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
 		"entries still pending after every message was acked")
 }
 
@@ -91,7 +92,7 @@ func TestSubscriber_CloseHandsHeldEntriesBackAtOnce(t *testing.T) {
 	msgs := e.subscribe(first, topic)
 	held := receive(t, msgs, 5*time.Second) // handed out, never acked
 	_ = held
-	eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 4 },
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 4 },
 		"the first subscriber should hold MaxInFlight (4) entries")
 	require.NoError(t, first.Close())
 
@@ -155,7 +156,7 @@ func testNackWithSettlementDelayRedeliversLaterThenDeadLetters(t *testing.T, e *
 	}
 
 	deadLetter := stream + omniredis.DefaultDeadLetterSuffix
-	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 },
 		"a given-up entry must no longer be pending")
 	entries, err := e.client.XRange(ctx, deadLetter, "-", "+").Result()
 	require.NoError(t, err)
@@ -231,7 +232,7 @@ func TestSubscriber_PlainNackRedeliversAfterNackDelayAndNeverDeadLetters(t *test
 		}
 		msg.Nack()
 	}
-	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "acked entry still pending")
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "acked entry still pending")
 	n, err := e.client.Exists(ctx, stream+omniredis.DefaultDeadLetterSuffix).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "a plain nack must never dead-letter")
@@ -255,7 +256,7 @@ func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
 	case <-time.After(2500 * time.Millisecond):
 	}
 	msg.Ack()
-	eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
 }
 
 func TestSubscriber_UndecodableEntryGoesToDeadLetterStream(t *testing.T) {
@@ -278,7 +279,7 @@ func testUndecodableEntryGoesToDeadLetterStream(t *testing.T, e *env) {
 	assert.Equal(t, good.UUID, msg.UUID)
 	msg.Ack()
 
-	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "entries still pending")
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "entries still pending")
 	entries, err := e.client.XRange(ctx, stream+omniredis.DefaultDeadLetterSuffix, "-", "+").Result()
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
@@ -313,9 +314,9 @@ func TestSubscriber_TrimmedPendingEntryIsReported(t *testing.T) {
 		assert.NotEqual(t, published[0].UUID, msg.UUID)
 		msg.Ack()
 	}
-	eventually(t, 5*time.Second, func() bool { return sub.Stats().TrimmedPending == 1 },
+	testenv.Eventually(t, 5*time.Second, func() bool { return sub.Stats().TrimmedPending == 1 },
 		"trimmed pending entry not reported (TrimmedPending = %d)", sub.Stats().TrimmedPending)
-	eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "entries still pending")
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(stream, group) == 0 }, "entries still pending")
 }
 
 func TestSubscriber_OrderByKeyHandsOutOneAtATimeInStreamOrder(t *testing.T) {

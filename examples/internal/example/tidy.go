@@ -1,14 +1,16 @@
-// Package tidy removes what an example created in PostgreSQL and on its
-// broker, so that running an example leaves them as it found them. Every example
-// calls it when it is done, unless it was run with -keep (to look at the
-// tables afterwards).
-package tidy
+package example
+
+// Removing what an example created in PostgreSQL and on its broker, so that
+// running an example leaves them as it found them: every example does it
+// when it is done, unless it was run with -keep (to look at the tables
+// afterwards).
 
 import (
 	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -19,10 +21,37 @@ import (
 	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
-// Keep is the -keep flag every example takes: keep the tables, streams and
-// topics it created instead of removing them when done. Call flag.Parse
-// before reading it.
-var Keep = flag.Bool("keep", false, "keep the tables, streams and topics the example created (default: remove them when done)")
+// keep is the -keep flag every example takes: keep the tables, streams and
+// topics it created instead of removing them when done. Main parses it.
+var keep = flag.Bool("keep", false, "keep the tables, streams and topics the example created (default: remove them when done)")
+
+// Tidy removes what the example creates, with drop: at once, so that every
+// run starts from a clean slate, and again when the returned function is
+// called (deferred: when the example is done), unless -keep, when it says
+// that it kept what (a phrase such as "the example's tables t1 and t2").
+func Tidy(ctx context.Context, what string, drop func(context.Context) error) (done func(), err error) {
+	if err := drop(ctx); err != nil {
+		return nil, err
+	}
+	return TidyWhenDone(what, drop), nil
+}
+
+// TidyWhenDone is Tidy without the clean slate, for what a run creates under
+// names of its own: the returned function (to defer) removes it with drop,
+// unless -keep.
+func TidyWhenDone(what string, drop func(context.Context) error) (done func()) {
+	return func() {
+		if *keep {
+			fmt.Printf("kept %s (-keep)\n", what)
+			return
+		}
+		// The example's context may have ended (a signal, its timeout);
+		// removing what it created must still happen.
+		if err := drop(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", program, err)
+		}
+	}
+}
 
 // DropTables drops omnibus outbox and inbox tables (unqualified names in the
 // search path) together with their lanes tables, trigger functions and
@@ -78,9 +107,8 @@ func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 		}
 		client := goredis.NewClient(opts)
 		defer client.Close()
-		stream := r.StreamPrefix + topic
-		if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
-			return fmt.Errorf("delete the example's stream %s: %w", stream, err)
+		if err := DropStreams(ctx, client, r.StreamPrefix+topic); err != nil {
+			return err
 		}
 	case bus.BrokerPostgres:
 		pool, err := pgxpool.New(ctx, cfg.Postgres.URL)
@@ -92,6 +120,18 @@ func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 		if _, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE topic = $1`, topic); err != nil {
 			return fmt.Errorf("delete the example's rows of topic %s from %s: %w", topic, cfg.Postgres.QueueTable, err)
 		}
+	}
+	return nil
+}
+
+// DropStreams deletes streams and their dead-letter streams from Redis.
+func DropStreams(ctx context.Context, client *goredis.Client, streams ...string) error {
+	var keys []string
+	for _, s := range streams {
+		keys = append(keys, s, s+redis.DefaultDeadLetterSuffix)
+	}
+	if err := client.Del(ctx, keys...).Err(); err != nil {
+		return fmt.Errorf("delete the example's streams %s: %w", strings.Join(streams, ", "), err)
 	}
 	return nil
 }
