@@ -35,28 +35,28 @@ const (
 	DefaultPostgresURL        = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	DefaultPostgresMaxConns   = 10
 	DefaultQueueTable         = "omnibus_queue"
-	DefaultOutboxTable            = "omnibus_outbox"
-	DefaultInboxTable             = "omnibus_inbox"
-	DefaultConsumerGroup          = "omnibus"
-	DefaultMaxAttempts            = 6
-	DefaultRetention              = 7 * 24 * time.Hour
-	DefaultRetryBase              = 10 * time.Second
-	DefaultRetryCap               = time.Hour
-	DefaultTransientDelay         = time.Second
-	DefaultRelayBatchSize         = 100
-	DefaultRelayRunLength         = 16
-	DefaultRelayLease             = 30 * time.Second
-	DefaultRelayPollInterval      = time.Second
-	DefaultRelaySweepInterval     = time.Minute
-	DefaultRelayTimeout           = 30 * time.Second
-	DefaultRelayFailedPolicy      = "skip"
-	DefaultBreakerThreshold       = 5
-	DefaultBreakerOpenTimeout     = 5 * time.Second
-	DefaultRelayCloseTimeout      = 30 * time.Second
-	DefaultLogLevel               = "info"
-	DefaultLogFormat              = "text"
-	DefaultMetricsAddr            = "127.0.0.1:9464"
-	DefaultTraces                 = TracesOff
+	DefaultOutboxTable        = "omnibus_outbox"
+	DefaultInboxTable         = "omnibus_inbox"
+	DefaultConsumerGroup      = "omnibus"
+	DefaultMaxAttempts        = 6
+	DefaultRetention          = 7 * 24 * time.Hour
+	DefaultRetryBase          = 10 * time.Second
+	DefaultRetryCap           = time.Hour
+	DefaultTransientDelay     = time.Second
+	DefaultRelayBatchSize     = 100
+	DefaultRelayRunLength     = 16
+	DefaultRelayLease         = 30 * time.Second
+	DefaultRelayPollInterval  = time.Second
+	DefaultRelaySweepInterval = time.Minute
+	DefaultRelayTimeout       = 30 * time.Second
+	DefaultRelayFailedPolicy  = "skip"
+	DefaultBreakerThreshold   = 5
+	DefaultBreakerOpenTimeout = 5 * time.Second
+	DefaultRelayCloseTimeout  = 30 * time.Second
+	DefaultLogLevel           = "info"
+	DefaultLogFormat          = "text"
+	DefaultMetricsAddr        = "127.0.0.1:9464"
+	DefaultTraces             = TracesOff
 	// TracesOff and TracesOTLP are the values of observability.traces.
 	TracesOff  = "off"
 	TracesOTLP = "otlp"
@@ -827,7 +827,6 @@ func setDefault[T comparable](p *T, def T) {
 		*p = def
 	}
 }
-
 
 // Validate reports every invalid key of c (zero keys stand for their
 // defaults and are valid), joined; each is a *ConfigError naming the key and,

@@ -75,14 +75,14 @@ func TestOpen_ClientLibraryLinesAreSlogRecords(t *testing.T) {
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	redisCfg := bus.Config{Broker: bus.BrokerRedis}
 	redisCfg.Redis.Addr = redisAddr
-	rb, err := bus.Open(ctx, redisCfg, bus.WithLogger(libraryLog.logger))
+	rb, err := bus.OpenBroker(ctx, redisCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, rb.Close()) }()
 
 	kafkaAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	kafkaCfg := bus.Config{Broker: bus.BrokerKafka}
 	kafkaCfg.Kafka.Brokers = []string{kafkaAddr}
-	kb, err := bus.Open(ctx, kafkaCfg, bus.WithLogger(libraryLog.logger))
+	kb, err := bus.OpenBroker(ctx, kafkaCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, kb.Close()) }()
 

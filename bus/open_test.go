@@ -53,7 +53,7 @@ func TestOpen_EveryBrokerPassesTheSmokeTest(t *testing.T) {
 func smoke(t *testing.T, cfg bus.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
 	assert.Equal(t, cfg.Broker, b.BrokerName())
@@ -105,11 +105,11 @@ func smoke(t *testing.T, cfg bus.Config) {
 
 func TestOpen_RefusesInvalidConfigAndUnknownBrokers(t *testing.T) {
 	t.Parallel()
-	_, err := bus.Open(context.Background(), bus.Config{Broker: "nats"})
+	_, err := bus.OpenBroker(context.Background(), bus.Config{Broker: "nats"})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), `broker: "nats" is not one of memory, postgres, kafka, redis`)
 
-	_, err = bus.Open(context.Background(), bus.Config{Broker: bus.BrokerKafka})
+	_, err = bus.OpenBroker(context.Background(), bus.Config{Broker: bus.BrokerKafka})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "kafka.brokers")
 
@@ -121,7 +121,7 @@ func TestOpen_PostgresBrokerServesConfiguredGroupsOnly(t *testing.T) {
 	cfg := brokerConfig(t, bus.BrokerPostgres)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
 	_, err = b.Subscriber("stranger")

@@ -106,7 +106,7 @@ func TestDevKafka_ServesOnThePortAndOmnibusRoundTripsThroughIt(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err, "open omnibus's kafka broker against the dev Kafka")
 	defer func() { _ = b.Close() }()
 	require.NoError(t, b.WaitBroker(ctx), "connect to the dev Kafka at %s", addr)

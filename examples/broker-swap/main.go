@@ -31,6 +31,7 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/examples/internal/tidy"
 	_ "github.com/omnibus-go/omnibus/transports/all" // every broker, so the config can pick any
+	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
 func main() {
@@ -51,7 +52,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -134,13 +135,14 @@ func loadConfig() (bus.Config, error) {
 	if err := cfg.ApplyEnv(os.LookupEnv); err != nil {
 		return cfg, err
 	}
-	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
+	if k := kafka.Section(cfg); cfg.Broker == bus.BrokerKafka && len(k.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 		if err != nil {
 			return cfg, err
 		}
 		// The cluster lives as long as the program.
-		cfg.Kafka.Brokers = cluster.ListenAddrs()
+		k.Brokers = cluster.ListenAddrs()
+		kafka.SetSection(&cfg, k)
 		fmt.Printf("OMNIBUS_KAFKA_BROKERS is not set: started an in-process Kafka (kfake)\n")
 	}
 	return cfg, cfg.Validate()

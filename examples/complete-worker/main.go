@@ -41,6 +41,8 @@ import (
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 const (
@@ -243,17 +245,19 @@ func config() (bus.Config, error) {
 	cfg.Postgres.QueueTable = "complete_worker_queue"
 	cfg.Postgres.QueueGroups = []string{cfg.Inbox.ConsumerGroup, auditGroup}
 	cfg.Relay.PollInterval = 200 * time.Millisecond
-	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
+	if k := kafka.Section(cfg); cfg.Broker == bus.BrokerKafka && len(k.Brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
 		if err != nil {
 			return cfg, err
 		}
-		cfg.Kafka.Brokers = c.ListenAddrs()
+		k.Brokers = c.ListenAddrs()
+		kafka.SetSection(&cfg, k)
 	}
 	// Redis and Kafka keep messages between runs: a stream prefix per run
 	// keeps this run's topic empty.
-	if cfg.Redis.StreamPrefix == "" {
-		cfg.Redis.StreamPrefix = "complete-worker:" + randomHex(4) + ":"
+	if r := redis.Section(cfg); r.StreamPrefix == "" {
+		r.StreamPrefix = "complete-worker:" + randomHex(4) + ":"
+		redis.SetSection(&cfg, r)
 	}
 	return cfg, cfg.Validate()
 }

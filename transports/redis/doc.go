@@ -59,7 +59,7 @@
 // TLSServerName is set: TLSCAFile verifies the server with the authorities
 // of a PEM file instead of the system roots, TLSServerName is the name
 // checked against the server's certificate instead of the host of Addr. A
-// CA file that cannot be read or holds no certificate is a *ConfigError; a
+// CA file that cannot be read or holds no certificate is a *bus.ConfigError; a
 // certificate that does not verify, or a refused password, fails each call
 // with a transient error that names the cause and never shows the password.
 // bus.Open maps redis.tls, redis.tls_ca_file and redis.tls_server_name the

@@ -169,20 +169,20 @@ func TestTLSAndACL_BrokerMapsTheRedisSection(t *testing.T) {
 	cfg.Redis.TLSCAFile = srv.caFile
 	cfg.Redis.TLSServerName = tlsServerName
 
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err, "open the redis broker over TLS")
 	require.NoError(t, b.Publisher().Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x"))))
 	require.NoError(t, b.Close())
 
 	cfg.Redis.Password = "not-the-" + aclPassword
-	_, err = bus.Open(ctx, cfg)
+	_, err = bus.OpenBroker(ctx, cfg)
 	require.Error(t, err)
 	assert.True(t, goredis.IsAuthError(err), "a wrong password must fail as an auth error: %v", err)
 	assert.NotContains(t, err.Error(), aclPassword, "the error shows a password")
 
 	cfg.Redis.Password = aclPassword
 	cfg.Redis.TLSServerName = "other.omnibus.test"
-	_, err = bus.Open(ctx, cfg)
+	_, err = bus.OpenBroker(ctx, cfg)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "other.omnibus.test")
 }
