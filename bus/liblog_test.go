@@ -13,6 +13,8 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // libraryLog is the logger this package's tests give bus.Open, and what it
@@ -74,14 +76,14 @@ func TestOpen_ClientLibraryLinesAreSlogRecords(t *testing.T) {
 
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	redisCfg := bus.Config{Broker: bus.BrokerRedis}
-	redisCfg.Redis.Addr = redisAddr
+	redis.SetSection(&redisCfg, redis.Config{Addr: redisAddr})
 	rb, err := bus.OpenBroker(ctx, redisCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, rb.Close()) }()
 
 	kafkaAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	kafkaCfg := bus.Config{Broker: bus.BrokerKafka}
-	kafkaCfg.Kafka.Brokers = []string{kafkaAddr}
+	kafka.SetSection(&kafkaCfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{kafkaAddr}}})
 	kb, err := bus.OpenBroker(ctx, kafkaCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, kb.Close()) }()

@@ -14,6 +14,8 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	_ "github.com/omnibus-go/omnibus/transports/all"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // brokerConfig returns a config for broker whose tables, streams and topics
@@ -29,11 +31,10 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 		testenv.DropPostgresPrefix(t, cfg.Postgres.QueueTable)
 		cfg.Postgres.QueueGroups = []string{"smoke", "other"}
 	case bus.BrokerKafka:
-		cfg.Kafka.Brokers = testenv.Kafka(t)
+		kafka.SetSection(&cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: testenv.Kafka(t)}})
 	case bus.BrokerRedis:
 		testenv.Redis(t)
-		cfg.Redis.Addr = testenv.RedisAddr()
-		cfg.Redis.StreamPrefix = testenv.RedisPrefix(t)
+		redis.SetSection(&cfg, redis.Config{Addr: testenv.RedisAddr(), StreamPrefix: testenv.RedisPrefix(t)})
 	}
 	return cfg
 }
