@@ -20,6 +20,7 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
 // freePort returns a loopback port nobody listened on a moment ago.
@@ -102,7 +103,7 @@ func TestDevKafka_ServesOnThePortAndOmnibusRoundTripsThroughIt(t *testing.T) {
 	var cfg bus.Config
 	require.NoError(t, cfg.ApplyEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok }))
 	require.Equal(t, bus.BrokerKafka, cfg.Broker)
-	require.Equal(t, []string{addr}, cfg.Kafka.Brokers)
+	require.Equal(t, []string{addr}, kafka.Section(cfg).Brokers)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -163,25 +163,24 @@ func TestTLSAndACL_BrokerMapsTheRedisSection(t *testing.T) {
 	srv := startTLSRedis(t)
 	ctx := context.Background()
 	cfg := bus.Config{Broker: bus.BrokerRedis}
-	cfg.Redis.Addr = srv.addr
-	cfg.Redis.Username = aclUser
-	cfg.Redis.Password = aclPassword
-	cfg.Redis.TLSCAFile = srv.caFile
-	cfg.Redis.TLSServerName = tlsServerName
+	rc := omniredis.Config{Addr: srv.addr, Username: aclUser, Password: aclPassword, TLSCAFile: srv.caFile, TLSServerName: tlsServerName}
+	omniredis.SetSection(&cfg, rc)
 
 	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err, "open the redis broker over TLS")
 	require.NoError(t, b.Publisher().Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x"))))
 	require.NoError(t, b.Close())
 
-	cfg.Redis.Password = "not-the-" + aclPassword
+	rc.Password = "not-the-" + aclPassword
+	omniredis.SetSection(&cfg, rc)
 	_, err = bus.OpenBroker(ctx, cfg)
 	require.Error(t, err)
 	assert.True(t, goredis.IsAuthError(err), "a wrong password must fail as an auth error: %v", err)
 	assert.NotContains(t, err.Error(), aclPassword, "the error shows a password")
 
-	cfg.Redis.Password = aclPassword
-	cfg.Redis.TLSServerName = "other.omnibus.test"
+	rc.Password = aclPassword
+	rc.TLSServerName = "other.omnibus.test"
+	omniredis.SetSection(&cfg, rc)
 	_, err = bus.OpenBroker(ctx, cfg)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "other.omnibus.test")
@@ -201,7 +200,7 @@ func TestConfig_TLSCAFileMustHoldACertificate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			_, err := omniredis.NewPublisher(omniredis.PublisherConfig{Addr: "127.0.0.1:1", TLSCAFile: tc.file}, nil)
-			var ce *omniredis.ConfigError
+			var ce *bus.ConfigError
 			require.True(t, errors.As(err, &ce), "want a *ConfigError, got %v", err)
 			assert.Equal(t, "TLSCAFile", ce.Field)
 			assert.Contains(t, ce.Reason, tc.reason)
