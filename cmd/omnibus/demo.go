@@ -25,9 +25,9 @@ import (
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/processors"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/redis"
-	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
 // demoSteps are the events of an order, in the order they happen.
