@@ -68,7 +68,7 @@ func containsAll(s string, subs []string) bool {
 // about a broker they cannot reach arrives as records of the logger given
 // to Open (so in its format, e.g. JSON, and with a "library" attribute),
 // not as raw lines on stderr. Tests of this package that pass
-// bus.WithLogger to bus.Open must pass libraryLog.logger.
+// bus.WithLogger to bus.OpenBroker must pass libraryLog.logger.
 func TestOpen_ClientLibraryLinesAreSlogRecords(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

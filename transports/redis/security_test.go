@@ -155,7 +155,7 @@ func TestTLSAndACL_CAFileAndServerNameConnect(t *testing.T) {
 }
 
 // TestTLSAndACL_BrokerMapsTheRedisSection opens the redis broker of
-// bus.Open with redis.tls_ca_file and redis.tls_server_name (and no
+// bus.OpenBroker with redis.tls_ca_file and redis.tls_server_name (and no
 // redis.tls: setting them turns TLS on) and publishes through it; with a
 // wrong password Open fails without showing it.
 func TestTLSAndACL_BrokerMapsTheRedisSection(t *testing.T) {
