@@ -17,7 +17,7 @@ import (
 	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
-// libraryLog is the logger this package's tests give bus.Open, and what it
+// libraryLog is the logger this package's tests give bus.OpenBroker, and what it
 // received. The client libraries' loggers are global and take the logger of
 // the first Open given one, so every test (and every -count run) must share
 // this one.

@@ -72,23 +72,27 @@ func Section(cfg bus.Config) Config { return *cfg.Section(SectionKey).(*Config) 
 // SetSection sets the kafka section of cfg to s.
 func SetSection(cfg *bus.Config, s Config) { cfg.SetSection(SectionKey, &s) }
 
+// setDefaults fills in the subscriber's defaults (the section's keys are a
+// SubscriberConfig's): each default is set in one place,
+// SubscriberConfig.setDefaults.
 func (c *Config) setDefaults() {
-	c.ConnectionConfig.setDefaults()
-	c.DialTimeout = 0 // not a key: NewPublisher and NewSubscriber default it
-	if c.InitialOffset == "" {
-		c.InitialOffset = DefaultInitialOffset
-	}
-	if c.DeadLetterTopic == "" {
-		c.DeadLetterTopic = DefaultDeadLetterTopic
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxReadAheadBytes == 0 {
-		c.MaxReadAheadBytes = DefaultMaxReadAheadBytes
-	}
-	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+	s := c.subscriberConfig()
+	s.setDefaults()
+	c.ClientID, c.KafkaVersion = s.ClientID, s.KafkaVersion
+	c.InitialOffset, c.DeadLetterTopic, c.MaxInFlight = s.InitialOffset, s.DeadLetterTopic, s.MaxInFlight
+	c.MaxReadAheadBytes, c.FetchMaxWait = s.MaxReadAheadBytes, s.FetchMaxWait
+}
+
+// subscriberConfig maps the section to a SubscriberConfig without a
+// consumer group.
+func (c Config) subscriberConfig() SubscriberConfig {
+	return SubscriberConfig{
+		ConnectionConfig:  c.ConnectionConfig,
+		InitialOffset:     c.InitialOffset,
+		DeadLetterTopic:   c.DeadLetterTopic,
+		MaxInFlight:       c.MaxInFlight,
+		MaxReadAheadBytes: c.MaxReadAheadBytes,
+		FetchMaxWait:      c.FetchMaxWait,
 	}
 }
 
@@ -169,15 +173,7 @@ func PublisherConfigFrom(cfg bus.Config) PublisherConfig {
 // SubscriberConfigFrom maps the kafka section of a bus.Config to a
 // SubscriberConfig without a consumer group (set ConsumerGroup).
 func SubscriberConfigFrom(cfg bus.Config) SubscriberConfig {
-	k := section(cfg)
-	return SubscriberConfig{
-		ConnectionConfig:  k.ConnectionConfig,
-		InitialOffset:     k.InitialOffset,
-		DeadLetterTopic:   k.DeadLetterTopic,
-		MaxInFlight:       k.MaxInFlight,
-		MaxReadAheadBytes: k.MaxReadAheadBytes,
-		FetchMaxWait:      k.FetchMaxWait,
-	}
+	return section(cfg).subscriberConfig()
 }
 
 // section is the kafka section of cfg with its defaults.
