@@ -128,13 +128,16 @@ func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig 
 
 // Config is the configuration of an omnibus service: which broker to use and
 // how to reach it (the broker's own section, such as kafka:, belongs to its
-// transport: see Section and Register), the outbox and inbox tables, retries, the processors and
-// observability. Load it with LoadConfig (a YAML file, then OMNIBUS_*
+// transport: see Section and Register), the outbox and inbox tables,
+// retries, the processors and observability. Load it with LoadConfig (a YAML file, then OMNIBUS_*
 // environment variables, which win), or build it in code: zero values mean
-// the defaults (the Default* constants), so Config{} is a valid in-memory bus.
+// the defaults (the Default* constants), so Config{} is a valid in-memory bus
+// (the memory broker is linked by the omnibus package, transports/all and
+// transports/memory).
 //
-// Printing a Config (String, %v, slog) never shows a secret: passwords, the
-// password inside the PostgreSQL URL and the SASL password are redacted.
+// Printing a Config (String, %v, slog) never shows a secret: the fields
+// tagged secret (of the registered sections too: the Redis and SASL
+// passwords) and the password inside the PostgreSQL URL are redacted.
 type Config struct {
 	// Broker selects the transport: memory, postgres, kafka or redis (or the
 	// name of a transport registered with Register). Default memory.
