@@ -25,10 +25,12 @@
 //	processors.Handle(disp, "order.paid", onPaid)
 //	relay.AddTo(router); ingest.AddTo(router); disp.AddTo(router)
 //
-// Package bus holds the Config and bus.Open (broker only, no PostgreSQL):
-// bus cannot import PostgreSQL, so the outbox and inbox helpers live here,
-// one level up. Brokers are linked by importing their transport (or
-// transports/all); the memory broker is always there.
+// Open is the one Open of omnibus. Package bus holds the Config and the
+// broker step of Open (bus.OpenBroker: broker only, no PostgreSQL): bus
+// cannot import PostgreSQL, so the outbox and inbox helpers live here, one
+// level up. Brokers are linked by importing their transport (or
+// transports/all); this package links the memory broker (the default), so
+// that a zero bus.Config is an in-memory bus.
 package omnibus
 
 import (
@@ -46,6 +48,8 @@ import (
 	"github.com/omnibus-go/omnibus/middleware"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	// The default broker: Config{} is an in-memory bus.
+	_ "github.com/omnibus-go/omnibus/transports/memory"
 )
 
 // Option tunes Open.
@@ -66,11 +70,11 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // postgres.url. The Bus never closes it.
 func WithPool(p *pgxpool.Pool) Option { return func(o *options) { o.pool = p } }
 
-// Bus is an open broker (the embedded *bus.Bus: Publisher, Subscriber) plus
+// Bus is an open broker (the embedded *bus.Conn: Publisher, Subscriber) plus
 // the PostgreSQL side of omnibus: the outbox and inbox of the configured
 // tables, their admin and the processors.
 type Bus struct {
-	*bus.Bus
+	*bus.Conn
 	cfg     bus.Config
 	logger  *slog.Logger
 	pool    *pgxpool.Pool
@@ -86,7 +90,7 @@ type Bus struct {
 // PostgreSQL must answer: an unreachable one fails Open with a bus.Transient
 // error (Connect). The broker need not: writing to the outbox never needs
 // it, so with the broker down Open still returns, Outbox().Enqueue works,
-// and the Bus connects to the broker in the background (bus.Open says how);
+// and the Bus connects to the broker in the background (bus.OpenBroker says how);
 // meanwhile the relay's publishes fail as transient and spend no attempt.
 func Open(ctx context.Context, cfg bus.Config, opts ...Option) (*Bus, error) {
 	var o options
@@ -111,7 +115,7 @@ func Open(ctx context.Context, cfg bus.Config, opts ...Option) (*Bus, error) {
 		}
 		b.ownPool = true
 	}
-	if b.Bus, err = bus.Open(ctx, cfg, bus.WithLogger(o.logger)); err != nil {
+	if b.Conn, err = bus.OpenBroker(ctx, cfg, bus.WithLogger(o.logger)); err != nil {
 		if b.ownPool {
 			b.pool.Close()
 		}
@@ -287,7 +291,7 @@ func (b *Bus) NewDispatcher() (*processors.Dispatcher, error) {
 // Close closes the broker (and the subscribers made from it), then the pool
 // if the Bus opened it. It is idempotent.
 func (b *Bus) Close() error {
-	err := b.Bus.Close()
+	err := b.Conn.Close()
 	if b.ownPool {
 		b.pool.Close()
 	}

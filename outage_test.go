@@ -15,6 +15,8 @@ import (
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // TestOpen_BrokerDownAtStart_OutboxWritesAndTheRelayDeliversOnceItIsBack
@@ -34,7 +36,7 @@ func TestOpen_BrokerDownAtStart_OutboxWritesAndTheRelayDeliversOnceItIsBack(t *t
 			name: "redis",
 			configure: func(t *testing.T, cfg *bus.Config, addr string) {
 				cfg.Broker = bus.BrokerRedis
-				cfg.Redis.Addr = addr
+				redis.SetSection(cfg, redis.Config{Addr: addr})
 			},
 			start: func(t *testing.T, port int) { testenv.StartRedisServer(t, port) },
 		},
@@ -42,7 +44,7 @@ func TestOpen_BrokerDownAtStart_OutboxWritesAndTheRelayDeliversOnceItIsBack(t *t
 			name: "kafka",
 			configure: func(t *testing.T, cfg *bus.Config, addr string) {
 				cfg.Broker = bus.BrokerKafka
-				cfg.Kafka.Brokers = []string{addr}
+				kafka.SetSection(cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{addr}}})
 			},
 			start: func(t *testing.T, port int) { testenv.NewKafkaCluster(t, kfake.Ports(port)) },
 		},

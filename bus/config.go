@@ -1,10 +1,8 @@
 package bus
 
 import (
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -14,11 +12,14 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/omnibus-go/omnibus/internal/ident"
 )
 
-// The broker names Config.Broker accepts out of the box. Transports register
-// themselves under these names (see RegisterBroker); memory is built in.
+// The names of the built-in brokers. Their transports register under these
+// names (see Register); Config.Broker accepts them even when they are not
+// linked, so that OpenBroker can say which import is missing.
 const (
 	BrokerMemory   = "memory"
 	BrokerPostgres = "postgres"
@@ -26,48 +27,36 @@ const (
 	BrokerRedis    = "redis"
 )
 
-// Defaults of Config. docs/configuration.md lists them; a test keeps the two in
-// step, and another keeps the ones mirrored from the transports equal to the
-// transports' own constants.
+// Defaults of Config's own keys (the transports' sections have theirs in
+// their packages). docs/configuration.md lists them; a test keeps the two in
+// step.
 const (
 	DefaultBroker             = BrokerMemory
 	DefaultPostgresURL        = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	DefaultPostgresMaxConns   = 10
 	DefaultQueueTable         = "omnibus_queue"
-	DefaultKafkaClientID      = "omnibus"
-	DefaultKafkaVersion       = "2.8.0"
-	DefaultKafkaInitialOffset = "oldest"
-	DefaultKafkaDeadLetter    = "{topic}.dlq"
-	DefaultKafkaMaxInFlight   = 64
-	// DefaultKafkaMaxReadAheadBytes and DefaultKafkaFetchMaxWait are the
-	// Kafka subscriber's own defaults (transports/kafka), repeated here so
-	// that config check shows them.
-	DefaultKafkaMaxReadAheadBytes = 4 << 20
-	DefaultKafkaFetchMaxWait      = 100 * time.Millisecond
-	DefaultRedisAddr              = "127.0.0.1:6379"
-	DefaultRedisOrdering          = "key"
-	DefaultOutboxTable            = "omnibus_outbox"
-	DefaultInboxTable             = "omnibus_inbox"
-	DefaultConsumerGroup          = "omnibus"
-	DefaultMaxAttempts            = 6
-	DefaultRetention              = 7 * 24 * time.Hour
-	DefaultRetryBase              = 10 * time.Second
-	DefaultRetryCap               = time.Hour
-	DefaultTransientDelay         = time.Second
-	DefaultRelayBatchSize         = 100
-	DefaultRelayRunLength         = 16
-	DefaultRelayLease             = 30 * time.Second
-	DefaultRelayPollInterval      = time.Second
-	DefaultRelaySweepInterval     = time.Minute
-	DefaultRelayTimeout           = 30 * time.Second
-	DefaultRelayFailedPolicy      = "skip"
-	DefaultBreakerThreshold       = 5
-	DefaultBreakerOpenTimeout     = 5 * time.Second
-	DefaultRelayCloseTimeout      = 30 * time.Second
-	DefaultLogLevel               = "info"
-	DefaultLogFormat              = "text"
-	DefaultMetricsAddr            = "127.0.0.1:9464"
-	DefaultTraces                 = TracesOff
+	DefaultOutboxTable        = "omnibus_outbox"
+	DefaultInboxTable         = "omnibus_inbox"
+	DefaultConsumerGroup      = "omnibus"
+	DefaultMaxAttempts        = 6
+	DefaultRetention          = 7 * 24 * time.Hour
+	DefaultRetryBase          = 10 * time.Second
+	DefaultRetryCap           = time.Hour
+	DefaultTransientDelay     = time.Second
+	DefaultRelayBatchSize     = 100
+	DefaultRelayRunLength     = 16
+	DefaultRelayLease         = 30 * time.Second
+	DefaultRelayPollInterval  = time.Second
+	DefaultRelaySweepInterval = time.Minute
+	DefaultRelayTimeout       = 30 * time.Second
+	DefaultRelayFailedPolicy  = "skip"
+	DefaultBreakerThreshold   = 5
+	DefaultBreakerOpenTimeout = 5 * time.Second
+	DefaultRelayCloseTimeout  = 30 * time.Second
+	DefaultLogLevel           = "info"
+	DefaultLogFormat          = "text"
+	DefaultMetricsAddr        = "127.0.0.1:9464"
+	DefaultTraces             = TracesOff
 	// TracesOff and TracesOTLP are the values of observability.traces.
 	TracesOff  = "off"
 	TracesOTLP = "otlp"
@@ -110,7 +99,7 @@ const (
 	envPrefix = "OMNIBUS_"
 	// maxTableNameLength is PostgreSQL's 63-byte identifier limit less the
 	// suffixes of the companion lanes table, indexes and functions.
-	maxTableNameLength = 47
+	maxTableNameLength = ident.MaxTableNameLen
 )
 
 // ErrInvalidConfig is wrapped by every error LoadConfig, ParseConfig,
@@ -138,26 +127,26 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // Config is the configuration of an omnibus service: which broker to use and
-// how to reach it, the outbox and inbox tables, retries, the processors and
-// observability. Load it with LoadConfig (a YAML file, then OMNIBUS_*
+// how to reach it (the broker's own section, such as kafka:, belongs to its
+// transport: see Section and Register), the outbox and inbox tables,
+// retries, the processors and observability. Load it with LoadConfig (a YAML file, then OMNIBUS_*
 // environment variables, which win), or build it in code: zero values mean
-// the defaults (the Default* constants), so Config{} is a valid in-memory bus.
+// the defaults (the Default* constants), so Config{} is a valid in-memory bus
+// (the memory broker is linked by the omnibus package, transports/all and
+// transports/memory).
 //
-// Printing a Config (String, %v, slog) never shows a secret: passwords, the
-// password inside the PostgreSQL URL and the SASL password are redacted.
+// Printing a Config (String, %v, slog) never shows a secret: the fields
+// tagged secret (of the registered sections too: the Redis and SASL
+// passwords) and the password inside the PostgreSQL URL are redacted.
 type Config struct {
 	// Broker selects the transport: memory, postgres, kafka or redis (or the
-	// name of a transport registered with RegisterBroker). Default memory.
+	// name of a transport registered with Register). Default memory.
 	// Switching brokers is a change of this key (and the broker's section),
 	// not of code.
 	Broker string `yaml:"broker"`
 	// Postgres is the database of the outbox and inbox tables (and of the
 	// postgres broker).
 	Postgres PostgresConfig `yaml:"postgres"`
-	// Kafka configures the kafka broker.
-	Kafka KafkaConfig `yaml:"kafka"`
-	// Redis configures the redis broker (Redis Streams).
-	Redis RedisConfig `yaml:"redis"`
 	// Outbox configures the outbox table.
 	Outbox OutboxConfig `yaml:"outbox"`
 	// Inbox configures the inbox table and what the ingest receives.
@@ -168,6 +157,11 @@ type Config struct {
 	Relay RelayConfig `yaml:"relay"`
 	// Observability configures logs and the metrics endpoint.
 	Observability ObservabilityConfig `yaml:"observability"`
+
+	// sections are the sections of the registered transports (see Section),
+	// by key, each a pointer to the transport's section struct. A stored
+	// section is never changed: SetSection stores a new map.
+	sections map[string]any
 
 	// expandedSecrets are the values ParseConfigEnv took from variables
 	// whose names say secret: errors and printing hide them wherever they
@@ -190,98 +184,6 @@ type PostgresConfig struct {
 	// broker is delivered to: each gets its own row, so each group receives
 	// every message once. Default: inbox.consumer_group.
 	QueueGroups []string `yaml:"queue_groups"`
-}
-
-// KafkaConfig is the connection to a Kafka cluster.
-type KafkaConfig struct {
-	// Brokers are the bootstrap brokers as host:port. Required when broker
-	// is kafka (omnibus demo starts an in-process cluster when empty).
-	Brokers []string `yaml:"brokers"`
-	// ClientID names this client to the brokers. Default DefaultKafkaClientID.
-	ClientID string `yaml:"client_id"`
-	// Version is the oldest broker version to speak to, major.minor.patch.
-	// Default DefaultKafkaVersion.
-	Version string `yaml:"version"`
-	// TLS secures the connections. Off by default.
-	TLS KafkaTLSConfig `yaml:"tls"`
-	// SASL authenticates the connections. Off by default.
-	SASL KafkaSASLConfig `yaml:"sasl"`
-	// InitialOffset is where a new consumer group starts: oldest or newest.
-	// Default oldest.
-	InitialOffset string `yaml:"initial_offset"`
-	// DeadLetterTopic receives the records a consumer gives up on; {topic}
-	// stands for the source topic, "-" turns dead letters off. Default
-	// DefaultKafkaDeadLetter.
-	DeadLetterTopic string `yaml:"dead_letter_topic"`
-	// MaxInFlight is how many records of one partition are handled at once
-	// (records of one key always one after another). Default
-	// DefaultKafkaMaxInFlight.
-	MaxInFlight int `yaml:"max_in_flight"`
-	// MaxReadAheadBytes bounds the records of one partition read ahead of
-	// their handling; fetching that partition pauses above it. Default
-	// DefaultKafkaMaxReadAheadBytes.
-	MaxReadAheadBytes int `yaml:"max_read_ahead_bytes"`
-	// FetchMaxWait is how long a broker may hold a fetch that finds nothing
-	// new. Default DefaultKafkaFetchMaxWait.
-	FetchMaxWait time.Duration `yaml:"fetch_max_wait"`
-}
-
-// KafkaTLSConfig secures the connections to the brokers.
-type KafkaTLSConfig struct {
-	// Enable turns TLS on; setting a file or server name turns it on too.
-	Enable bool `yaml:"enable"`
-	// CAFile is a PEM file of the authorities that verify the brokers;
-	// empty means the system roots.
-	CAFile string `yaml:"ca_file"`
-	// CertFile and KeyFile are the client certificate and key (mutual TLS):
-	// both or neither.
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
-	// ServerName is checked against the brokers' certificates instead of the
-	// host name dialled.
-	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify accepts any certificate. For tests only.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
-
-// KafkaSASLConfig authenticates the connections to the brokers.
-type KafkaSASLConfig struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty means no SASL.
-	Mechanism string `yaml:"mechanism"`
-	// User and Password are the credentials; the password is redacted when
-	// printed.
-	User     string `yaml:"user"`
-	Password string `yaml:"password" secret:"true"`
-}
-
-// RedisConfig is the connection to a Redis server (Streams).
-type RedisConfig struct {
-	// Addr is host:port. Default DefaultRedisAddr.
-	Addr string `yaml:"addr"`
-	// Username and Password authenticate (Redis ACL); the password is
-	// redacted when printed.
-	Username string `yaml:"username"`
-	Password string `yaml:"password" secret:"true"`
-	// DB selects the database. Default 0.
-	DB int `yaml:"db"`
-	// TLS turns TLS on; setting tls_ca_file or tls_server_name turns it on
-	// too.
-	TLS bool `yaml:"tls"`
-	// TLSCAFile is a PEM file of the certificate authorities that verify the
-	// server; empty means the system roots.
-	TLSCAFile string `yaml:"tls_ca_file"`
-	// TLSServerName is checked against the server's certificate instead of
-	// the host of addr.
-	TLSServerName string `yaml:"tls_server_name"`
-	// StreamPrefix is prepended to a topic to name its stream. Default none.
-	StreamPrefix string `yaml:"stream_prefix"`
-	// MaxLen trims streams to about this many entries (MAXLEN ~); 0 (the
-	// default) never trims. Trimming ignores consumer groups: see the redis
-	// package documentation before turning it on.
-	MaxLen int64 `yaml:"max_len"`
-	// Ordering is key (entries of one partition key are handed out one at a
-	// time, in stream order, within a subscription) or none. Default key.
-	Ordering string `yaml:"ordering"`
 }
 
 // OutboxConfig configures the outbox table.
@@ -472,12 +374,12 @@ func ParseConfigEnv(data []byte, lookup func(string) (string, bool)) (Config, er
 	}
 	doc := root.Content[0]
 	var problems []string
-	checkKnownKeys(doc, reflect.TypeFor[Config](), "", map[*yaml.Node]bool{}, &problems)
+	d := reflect.New(layout().typ)
+	checkKnownKeys(doc, d.Type().Elem(), "", map[*yaml.Node]bool{}, &problems)
 	x := expander{lookup: lookup, keys: configKeyFields(), seen: map[*yaml.Node]bool{}, lines: map[int]bool{}}
 	x.walk(doc, "")
 
-	var cfg Config
-	if err := doc.Decode(&cfg); err != nil {
+	if err := doc.Decode(d.Interface()); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
 			for _, m := range te.Errors {
@@ -487,6 +389,7 @@ func ParseConfigEnv(data []byte, lookup func(string) (string, bool)) (Config, er
 			problems = append(problems, strings.TrimPrefix(err.Error(), "yaml: "))
 		}
 	}
+	cfg := Config{}.fromDoc(d.Elem())
 	cfg.expandedSecrets = x.secrets
 	secrets := append(cfg.secretValues(), x.secrets...)
 	var errs []error
@@ -523,11 +426,10 @@ func checkKnownKeys(n *yaml.Node, t reflect.Type, prefix string, seen map[*yaml.
 	default:
 		return // a scalar where a mapping belongs: Decode reports it
 	}
-	fields := map[string]reflect.Type{}
-	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); name != "" && name != "-" {
-			fields[name] = t.Field(i).Type
-		}
+	fields := yamlFields(t)
+	typeName := t.String()
+	if prefix == "" {
+		typeName = "bus.Config"
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
@@ -540,11 +442,16 @@ func checkKnownKeys(n *yaml.Node, t reflect.Type, prefix string, seen map[*yaml.
 			key = prefix + "." + k.Value
 		}
 		ft, ok := fields[k.Value]
-		if !ok {
-			*problems = append(*problems, fmt.Sprintf("%s (line %d): field %s not found in type %s", key, k.Line, k.Value, t))
+		if _, builtin := builtinPackages[k.Value]; !ok && prefix == "" && builtin {
+			*problems = append(*problems, fmt.Sprintf("%s (line %d): the section of the %s broker, which is %s", key, k.Line, k.Value,
+				strings.TrimPrefix(notLinked(k.Value), strconv.Quote(k.Value)+" is ")))
 			continue
 		}
-		if ft.Kind() == reflect.Struct && ft != reflect.TypeFor[time.Duration]() {
+		if !ok {
+			*problems = append(*problems, fmt.Sprintf("%s (line %d): field %s not found in type %s", key, k.Line, k.Value, typeName))
+			continue
+		}
+		if isNested(ft) {
 			checkKnownKeys(v, ft, key, seen, problems)
 		}
 	}
@@ -559,8 +466,7 @@ type keyField struct {
 // configKeyFields maps every dotted key to its field.
 func configKeyFields() map[string]keyField {
 	out := map[string]keyField{}
-	var c Config
-	walkConfig(reflect.ValueOf(&c).Elem(), "", func(key string, f reflect.StructField, _ reflect.Value) {
+	walkConfig(Config{}.doc(), "", func(key string, f reflect.StructField, _ reflect.Value) {
 		out[key] = keyField{typ: f.Type, secret: f.Tag.Get("secret") != ""}
 	})
 	return out
@@ -779,7 +685,8 @@ func nameYAMLKeys(data []byte, msg string) string {
 // value, which means its default.
 func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
 	var bad []*ConfigError
-	walkConfig(reflect.ValueOf(c).Elem(), "", func(key string, f reflect.StructField, v reflect.Value) {
+	d := c.doc()
+	walkConfig(d, "", func(key string, f reflect.StructField, v reflect.Value) {
 		name := EnvName(key)
 		raw, ok := lookup(name)
 		if !ok {
@@ -793,6 +700,7 @@ func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
 			bad = append(bad, &ConfigError{Field: key, Reason: fmt.Sprintf("%s=%s: %v", name, shown, err)})
 		}
 	})
+	*c = c.fromDoc(d)
 	// The secrets are known once every variable is applied.
 	secrets := append(c.secretValues(), c.expandedSecrets...)
 	errs := make([]error, len(bad))
@@ -804,9 +712,16 @@ func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
 }
 
 // EnvName returns the environment variable that sets the dotted key:
-// EnvName("kafka.sasl.password") is "OMNIBUS_KAFKA_SASL_PASSWORD".
+// EnvName("kafka.sasl.password") is "OMNIBUS_KAFKA_SASL_PASSWORD". A key of
+// a registered section takes the section's Transport.EnvPrefix.
 func EnvName(key string) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+	prefix := envPrefix
+	if section, rest, ok := strings.Cut(key, "."); ok {
+		if t, ok := sectionOf(section); ok {
+			prefix, key = t.EnvPrefix, rest
+		}
+	}
+	return prefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
 
 func setFromString(v reflect.Value, raw string) error {
@@ -858,54 +773,24 @@ func setFromString(v reflect.Value, raw string) error {
 	return nil
 }
 
-// walkConfig calls fn for every leaf key of the struct v, depth first in
-// declaration order, with its dotted YAML path.
-func walkConfig(v reflect.Value, prefix string, fn func(key string, f reflect.StructField, v reflect.Value)) {
-	t := v.Type()
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name == "" || name == "-" {
-			continue
-		}
-		key := name
-		if prefix != "" {
-			key = prefix + "." + name
-		}
-		fv := v.Field(i)
-		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]() {
-			walkConfig(fv, key, fn)
-			continue
-		}
-		fn(key, f, fv)
-	}
-}
-
-// ConfigKeys returns every configuration key, dotted, in the order of the struct.
+// ConfigKeys returns every configuration key, dotted: Config's own, with
+// the keys of the registered transports' sections after postgres.
 func ConfigKeys() []string {
 	var keys []string
-	var c Config
-	walkConfig(reflect.ValueOf(&c).Elem(), "", func(key string, _ reflect.StructField, _ reflect.Value) {
+	walkConfig(Config{}.doc(), "", func(key string, _ reflect.StructField, _ reflect.Value) {
 		keys = append(keys, key)
 	})
 	return keys
 }
 
-// WithDefaults returns c with every zero key set to its default.
+// WithDefaults returns c with every zero key set to its default, those of
+// the registered sections included.
 func (c Config) WithDefaults() Config {
 	setDefault(&c.Broker, DefaultBroker)
 	setDefault(&c.Postgres.URL, DefaultPostgresURL)
 	setDefault(&c.Postgres.MaxConns, DefaultPostgresMaxConns)
 	setDefault(&c.Postgres.QueueTable, DefaultQueueTable)
-	setDefault(&c.Kafka.ClientID, DefaultKafkaClientID)
-	setDefault(&c.Kafka.Version, DefaultKafkaVersion)
-	setDefault(&c.Kafka.InitialOffset, DefaultKafkaInitialOffset)
-	setDefault(&c.Kafka.DeadLetterTopic, DefaultKafkaDeadLetter)
-	setDefault(&c.Kafka.MaxInFlight, DefaultKafkaMaxInFlight)
-	setDefault(&c.Kafka.MaxReadAheadBytes, DefaultKafkaMaxReadAheadBytes)
-	setDefault(&c.Kafka.FetchMaxWait, DefaultKafkaFetchMaxWait)
-	setDefault(&c.Redis.Addr, DefaultRedisAddr)
-	setDefault(&c.Redis.Ordering, DefaultRedisOrdering)
+	c = c.withSectionDefaults()
 	setDefault(&c.Outbox.Table, DefaultOutboxTable)
 	setDefault(&c.Outbox.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&c.Outbox.Retention, DefaultRetention)
@@ -918,7 +803,6 @@ func (c Config) WithDefaults() Config {
 	} else {
 		c.Postgres.QueueGroups = slices.Clone(c.Postgres.QueueGroups)
 	}
-	c.Kafka.Brokers = slices.Clone(c.Kafka.Brokers)
 	c.Inbox.Topics = slices.Clone(c.Inbox.Topics)
 	setDefault(&c.Retry.Base, DefaultRetryBase)
 	setDefault(&c.Retry.Cap, DefaultRetryCap)
@@ -947,11 +831,6 @@ func setDefault[T comparable](p *T, def T) {
 	}
 }
 
-var (
-	identRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
-	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
-)
-
 // Validate reports every invalid key of c (zero keys stand for their
 // defaults and are valid), joined; each is a *ConfigError naming the key and,
 // where there is a list, the accepted values. It checks what can be known
@@ -963,39 +842,11 @@ var (
 // quote values redacted and never show a secret of c.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
-	var errs []error
-	secrets := append(c.secretValues(), c.expandedSecrets...)
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, &ConfigError{Field: field, Reason: scrub(fmt.Sprintf(format, args...), secrets)})
-	}
-	// show quotes a value for a message, credentials masked: a value that is
-	// not meant to hold a secret may hold one by mistake (redis://u:pw@host).
-	show := func(v string) string { return strconv.Quote(redactValue(v)) }
-	oneOf := func(field, value string, accepted ...string) {
-		if !slices.Contains(accepted, value) {
-			bad(field, "%s is not one of %s", show(value), strings.Join(accepted, ", "))
-		}
-	}
-	notNegative := func(field string, n int64) {
-		if n < 0 {
-			bad(field, "must not be negative, got %d", n)
-		}
-	}
-	// upTo checks 0 <= n <= limit: the limit is what the value is stored in
-	// (an int32 column, a pool size) or what a sane process can allocate.
-	upTo := func(field string, n, limit int64) {
-		notNegative(field, n)
-		if n > limit {
-			bad(field, "at most %d, got %d", limit, n)
-		}
-	}
-	notNegativeDur := func(field string, d time.Duration) {
-		if d < 0 {
-			bad(field, "must not be negative, got %s", d)
-		}
-	}
+	ck := &Check{secrets: append(c.secretValues(), c.expandedSecrets...)}
+	bad := ck.Fail
+	show := Quote
 	table := func(field, name string) {
-		if !identRE.MatchString(name) {
+		if !ident.Table(name) {
 			bad(field, "%s is not a table name (letters, digits and _, not starting with a digit, optionally schema.table)", show(name))
 			return
 		}
@@ -1005,26 +856,15 @@ func (c Config) Validate() error {
 			}
 		}
 	}
-	hostPort := func(field, addr string) {
-		host, port, err := net.SplitHostPort(addr)
-		if err != nil || port == "" {
-			bad(field, "%s is not host:port", show(addr))
-			return
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			bad(field, "%s: port %s is not a number from 0 to 65535", show(addr), show(port))
-		}
-		_ = host
-	}
 
 	brokers := append([]string{BrokerMemory, BrokerPostgres, BrokerKafka, BrokerRedis}, extraBrokers()...)
-	oneOf("broker", c.Broker, brokers...)
+	ck.OneOf("broker", c.Broker, brokers...)
 
 	// postgres
 	if err := checkPostgresURL(c.Postgres.URL); err != nil {
 		bad("postgres.url", "%v", err)
 	}
-	upTo("postgres.max_conns", int64(c.Postgres.MaxConns), MaxPostgresConns)
+	ck.UpTo("postgres.max_conns", int64(c.Postgres.MaxConns), MaxPostgresConns)
 	table("postgres.queue_table", c.Postgres.QueueTable)
 	for i, g := range c.Postgres.QueueGroups {
 		if strings.TrimSpace(g) == "" {
@@ -1035,58 +875,18 @@ func (c Config) Validate() error {
 		bad("postgres.queue_groups", "%s is listed twice", show(dup))
 	}
 
-	// kafka
-	if c.Broker == BrokerKafka && len(c.Kafka.Brokers) == 0 {
-		bad("kafka.brokers", "required when broker is kafka (host:port list; env %s=host1:9092,host2:9092)", EnvName("kafka.brokers"))
-	}
-	for i, b := range c.Kafka.Brokers {
-		hostPort(fmt.Sprintf("kafka.brokers[%d]", i), b)
-	}
-	if !versionRE.MatchString(c.Kafka.Version) {
-		bad("kafka.version", "%s is not major.minor.patch (for example 2.8.0)", show(c.Kafka.Version))
-	}
-	oneOf("kafka.initial_offset", c.Kafka.InitialOffset, "oldest", "newest")
-	notNegative("kafka.max_in_flight", int64(c.Kafka.MaxInFlight))
-	notNegative("kafka.max_read_ahead_bytes", int64(c.Kafka.MaxReadAheadBytes))
-	if c.Kafka.FetchMaxWait < time.Millisecond {
-		bad("kafka.fetch_max_wait", "must be at least 1ms (brokers wait in whole milliseconds), got %s", c.Kafka.FetchMaxWait)
-	}
-	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
-		bad("kafka.tls.cert_file", "cert_file and key_file go together: set both or neither")
-	}
-	oneOf("kafka.sasl.mechanism", c.Kafka.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-	if c.Kafka.SASL.Mechanism != "" {
-		if c.Kafka.SASL.User == "" {
-			bad("kafka.sasl.user", "required when kafka.sasl.mechanism is set")
-		}
-		if c.Kafka.SASL.Password == "" {
-			bad("kafka.sasl.password", "required when kafka.sasl.mechanism is set")
-		}
-	}
-
-	// redis
-	hostPort("redis.addr", c.Redis.Addr)
-	notNegative("redis.db", int64(c.Redis.DB))
-	notNegative("redis.max_len", c.Redis.MaxLen)
-	oneOf("redis.ordering", c.Redis.Ordering, "key", "none")
-	if f := c.Redis.TLSCAFile; f != "" {
-		if pem, err := os.ReadFile(f); err != nil {
-			bad("redis.tls_ca_file", "%v", err)
-		} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-			bad("redis.tls_ca_file", "%q holds no PEM certificate", f)
-		}
-	}
-	if n := c.Redis.TLSServerName; n != "" {
-		if _, _, err := net.SplitHostPort(n); err == nil || strings.ContainsAny(n, " \t/") {
-			bad("redis.tls_server_name", "%q is not a host name (no port, scheme or spaces)", n)
+	// the sections of the registered transports
+	for _, t := range registeredSections() {
+		if t.Validate != nil {
+			ck.sectionErrors(t.Key, t.Validate(c.sections[t.Key], c.Broker == t.Name))
 		}
 	}
 
 	// outbox and inbox
 	table("outbox.table", c.Outbox.Table)
-	upTo("outbox.max_attempts", int64(c.Outbox.MaxAttempts), MaxAttemptsLimit)
-	notNegativeDur("outbox.retention", c.Outbox.Retention)
-	upTo("outbox.max_payload_bytes", int64(c.Outbox.MaxPayloadBytes), MaxPayloadLimit)
+	ck.UpTo("outbox.max_attempts", int64(c.Outbox.MaxAttempts), MaxAttemptsLimit)
+	ck.NotNegativeDuration("outbox.retention", c.Outbox.Retention)
+	ck.UpTo("outbox.max_payload_bytes", int64(c.Outbox.MaxPayloadBytes), MaxPayloadLimit)
 	table("inbox.table", c.Inbox.Table)
 	tables := []struct{ field, name string }{
 		{"outbox.table", c.Outbox.Table}, {"inbox.table", c.Inbox.Table}, {"postgres.queue_table", c.Postgres.QueueTable},
@@ -1120,38 +920,38 @@ func (c Config) Validate() error {
 	if dup := firstDuplicate(c.Inbox.Topics); dup != "" {
 		bad("inbox.topics", "%s is listed twice", show(dup))
 	}
-	upTo("inbox.max_attempts", int64(c.Inbox.MaxAttempts), MaxAttemptsLimit)
-	notNegativeDur("inbox.retention", c.Inbox.Retention)
-	upTo("inbox.max_payload_bytes", int64(c.Inbox.MaxPayloadBytes), MaxPayloadLimit)
+	ck.UpTo("inbox.max_attempts", int64(c.Inbox.MaxAttempts), MaxAttemptsLimit)
+	ck.NotNegativeDuration("inbox.retention", c.Inbox.Retention)
+	ck.UpTo("inbox.max_payload_bytes", int64(c.Inbox.MaxPayloadBytes), MaxPayloadLimit)
 
 	// retry
 	if c.Retry.Base > 0 && c.Retry.Cap < c.Retry.Base {
 		bad("retry.cap", "%s is less than retry.base (%s)", c.Retry.Cap, c.Retry.Base)
 	}
-	notNegativeDur("retry.cap", c.Retry.Cap)
-	notNegativeDur("retry.transient_delay", c.Retry.TransientDelay)
+	ck.NotNegativeDuration("retry.cap", c.Retry.Cap)
+	ck.NotNegativeDuration("retry.transient_delay", c.Retry.TransientDelay)
 
 	// relay
-	upTo("relay.batch_size", int64(c.Relay.BatchSize), MaxRelayBatchSize)
-	upTo("relay.run_length", int64(c.Relay.RunLength), MaxRelayRunLength)
-	notNegativeDur("relay.lease", c.Relay.Lease)
+	ck.UpTo("relay.batch_size", int64(c.Relay.BatchSize), MaxRelayBatchSize)
+	ck.UpTo("relay.run_length", int64(c.Relay.RunLength), MaxRelayRunLength)
+	ck.NotNegativeDuration("relay.lease", c.Relay.Lease)
 	if c.Relay.Lease > 0 && c.Relay.Lease < time.Second {
 		bad("relay.lease", "%s is too short: at least 1s", c.Relay.Lease)
 	}
-	notNegativeDur("relay.poll_interval", c.Relay.PollInterval)
-	notNegativeDur("relay.timeout", c.Relay.Timeout)
-	oneOf("relay.failed_policy", c.Relay.FailedPolicy, "skip", "block")
-	notNegative("relay.breaker_threshold", int64(c.Relay.BreakerThreshold))
-	notNegativeDur("relay.breaker_open_timeout", c.Relay.BreakerOpenTimeout)
-	notNegativeDur("relay.close_timeout", c.Relay.CloseTimeout)
+	ck.NotNegativeDuration("relay.poll_interval", c.Relay.PollInterval)
+	ck.NotNegativeDuration("relay.timeout", c.Relay.Timeout)
+	ck.OneOf("relay.failed_policy", c.Relay.FailedPolicy, "skip", "block")
+	ck.NotNegative("relay.breaker_threshold", int64(c.Relay.BreakerThreshold))
+	ck.NotNegativeDuration("relay.breaker_open_timeout", c.Relay.BreakerOpenTimeout)
+	ck.NotNegativeDuration("relay.close_timeout", c.Relay.CloseTimeout)
 
 	// observability
-	oneOf("observability.log_level", c.Observability.LogLevel, "debug", "info", "warn", "error")
-	oneOf("observability.log_format", c.Observability.LogFormat, "text", "json")
+	ck.OneOf("observability.log_level", c.Observability.LogLevel, "debug", "info", "warn", "error")
+	ck.OneOf("observability.log_format", c.Observability.LogFormat, "text", "json")
 	if c.Observability.MetricsAddr != MetricsOff {
-		hostPort("observability.metrics_addr", c.Observability.MetricsAddr)
+		ck.HostPort("observability.metrics_addr", c.Observability.MetricsAddr)
 	}
-	oneOf("observability.traces", c.Observability.Traces, TracesOff, TracesOTLP)
+	ck.OneOf("observability.traces", c.Observability.Traces, TracesOff, TracesOTLP)
 	if e := c.Observability.OTLPEndpoint; e != "" {
 		// The URL is shown redacted, and net/url's error, which quotes it
 		// whole, is not shown at all.
@@ -1159,7 +959,7 @@ func (c Config) Validate() error {
 			bad("observability.otlp_endpoint", "%s is not an http(s) URL such as http://collector:4318/v1/traces", strconv.Quote(RedactDSN(e)))
 		}
 	}
-	return errors.Join(errs...)
+	return ck.Err()
 }
 
 func firstDuplicate(items []string) string {

@@ -30,7 +30,7 @@ func TestConfigurationReference_ListsEveryKeyWithItsDefault(t *testing.T) {
 
 	defaults := Config{}.WithDefaults()
 	want := map[string]string{}
-	walkConfig(reflect.ValueOf(&defaults).Elem(), "", func(key string, _ reflect.StructField, v reflect.Value) {
+	walkConfig(defaults.doc(), "", func(key string, _ reflect.StructField, v reflect.Value) {
 		want[key] = docDefault(v)
 	})
 	for _, key := range ConfigKeys() {

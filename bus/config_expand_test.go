@@ -53,14 +53,14 @@ kafka:
 	assert.Equal(t, BrokerKafka, cfg.Broker)
 	assert.Equal(t, "postgres://app:p%40ss: #word*&!@db:5432/app?sslmode=require", cfg.Postgres.URL, "the value is inserted as text, not as YAML")
 	assert.Equal(t, 25, cfg.Postgres.MaxConns, "a number key gets the number")
-	assert.Equal(t, `quo"te'`, cfg.Redis.Password)
-	assert.Equal(t, "price$-eu-", cfg.Redis.StreamPrefix, "$$ is a literal $")
-	assert.Equal(t, "svc", cfg.Redis.Username, "quoted values are expanded too")
+	assert.Equal(t, `quo"te'`, keyValue(cfg, "redis.password"))
+	assert.Equal(t, "price$-eu-", keyValue(cfg, "redis.stream_prefix"), "$$ is a literal $")
+	assert.Equal(t, "svc", keyValue(cfg, "redis.username"), "quoted values are expanded too")
 	assert.Equal(t, []string{"payments", "orders"}, cfg.Inbox.Topics)
 	assert.Equal(t, 45*time.Second, cfg.Relay.Lease)
-	assert.True(t, cfg.Kafka.TLS.Enable, "a boolean key gets a boolean")
-	assert.Equal(t, "null$", cfg.Kafka.ClientID)
-	assert.Equal(t, "null", cfg.Kafka.SASL.Password, `a string key keeps "null" as a string`)
+	assert.Equal(t, true, keyValue(cfg, "kafka.tls.enable"), "a boolean key gets a boolean")
+	assert.Equal(t, "null$", keyValue(cfg, "kafka.client_id"))
+	assert.Equal(t, "null", keyValue(cfg, "kafka.sasl.password"), `a string key keeps "null" as a string`)
 }
 
 func TestLoadConfig_DollarNotFollowedByANameIsKept(t *testing.T) {
@@ -68,7 +68,7 @@ func TestLoadConfig_DollarNotFollowedByANameIsKept(t *testing.T) {
 	path := writeFile(t, "redis:\n  password: pa$1 $ w$-rd$\n")
 	cfg, err := loadConfig(path, env(nil))
 	require.NoError(t, err)
-	assert.Equal(t, "pa$1 $ w$-rd$", cfg.Redis.Password)
+	assert.Equal(t, "pa$1 $ w$-rd$", keyValue(cfg, "redis.password"))
 }
 
 // TestLoadConfig_VariableErrors: an unset variable is an error naming the

@@ -11,7 +11,7 @@ import (
 	"time"
 	"unicode"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Redacted is what a secret is replaced with when a Config is printed.
@@ -25,11 +25,9 @@ const Redacted = "REDACTED"
 // the file took from variables whose names say secret (see ParseConfigEnv). Empty secrets stay empty, so a printed config
 // shows whether a secret is set.
 func (c Config) Redacted() Config {
-	c.Kafka.Brokers = slices.Clone(c.Kafka.Brokers)
-	c.Inbox.Topics = slices.Clone(c.Inbox.Topics)
-	c.Postgres.QueueGroups = slices.Clone(c.Postgres.QueueGroups)
 	secrets := append(c.secretValues(), c.expandedSecrets...)
-	walkConfig(reflect.ValueOf(&c).Elem(), "", func(_ string, f reflect.StructField, v reflect.Value) {
+	d := c.doc() // its lists are copies
+	walkConfig(d, "", func(_ string, f reflect.StructField, v reflect.Value) {
 		switch {
 		case f.Tag.Get("secret") == "true":
 			if v.String() != "" {
@@ -45,7 +43,7 @@ func (c Config) Redacted() Config {
 			}
 		}
 	})
-	return c
+	return c.fromDoc(d)
 }
 
 // String returns c as YAML with its secrets redacted: what `omnibus config
@@ -54,7 +52,7 @@ func (c Config) String() string {
 	var out strings.Builder
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
-	if err := enc.Encode(c.Redacted()); err != nil {
+	if err := enc.Encode(c.Redacted().doc().Interface()); err != nil {
 		return fmt.Sprintf("<config: %v>", err)
 	}
 	_ = enc.Close()
@@ -66,9 +64,8 @@ func (c Config) GoString() string { return c.String() }
 
 // LogValue logs c as one attribute per key, dotted, secrets redacted.
 func (c Config) LogValue() slog.Value {
-	r := c.Redacted()
 	var attrs []slog.Attr
-	walkConfig(reflect.ValueOf(&r).Elem(), "", func(key string, _ reflect.StructField, v reflect.Value) {
+	walkConfig(c.Redacted().doc(), "", func(key string, _ reflect.StructField, v reflect.Value) {
 		switch x := v.Interface().(type) {
 		case time.Duration:
 			attrs = append(attrs, slog.String(key, x.String()))
@@ -87,7 +84,7 @@ func (c Config) LogValue() slog.Value {
 // shown either.
 func (c Config) secretValues() []string {
 	var out []string
-	walkConfig(reflect.ValueOf(&c).Elem(), "", func(_ string, f reflect.StructField, v reflect.Value) {
+	walkConfig(c.doc(), "", func(_ string, f reflect.StructField, v reflect.Value) {
 		switch f.Tag.Get("secret") {
 		case "true":
 			out = append(out, v.String())

@@ -51,26 +51,26 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		{"queue group empty", func(c *Config) { c.Postgres.QueueGroups = []string{"a", " "} }, "postgres.queue_groups[1]", "must not be empty"},
 		{"queue group twice", func(c *Config) { c.Postgres.QueueGroups = []string{"a", "a"} }, "postgres.queue_groups", `"a" is listed twice`},
 		{"kafka brokers required", func(c *Config) { c.Broker = BrokerKafka }, "kafka.brokers", "required when broker is kafka"},
-		{"kafka broker address", func(c *Config) { c.Kafka.Brokers = []string{"localhost"} }, "kafka.brokers[0]", "not host:port"},
-		{"kafka broker port", func(c *Config) { c.Kafka.Brokers = []string{"localhost:99999"} }, "kafka.brokers[0]", "port"},
-		{"kafka version", func(c *Config) { c.Kafka.Version = "3" }, "kafka.version", "not major.minor.patch"},
-		{"kafka offset", func(c *Config) { c.Kafka.InitialOffset = "latest" }, "kafka.initial_offset", `"latest" is not one of oldest, newest`},
-		{"kafka in flight", func(c *Config) { c.Kafka.MaxInFlight = -2 }, "kafka.max_in_flight", "must not be negative"},
-		{"kafka read-ahead", func(c *Config) { c.Kafka.MaxReadAheadBytes = -1 }, "kafka.max_read_ahead_bytes", "must not be negative"},
-		{"kafka fetch wait", func(c *Config) { c.Kafka.FetchMaxWait = -time.Second }, "kafka.fetch_max_wait", "must be at least 1ms"},
-		{"kafka fetch wait below 1ms", func(c *Config) { c.Kafka.FetchMaxWait = time.Microsecond }, "kafka.fetch_max_wait", "must be at least 1ms"},
-		{"kafka tls pair", func(c *Config) { c.Kafka.TLS.CertFile = "c.pem" }, "kafka.tls.cert_file", "set both or neither"},
-		{"kafka sasl mechanism", func(c *Config) { c.Kafka.SASL.Mechanism = "GSSAPI" }, "kafka.sasl.mechanism", "is not one of , PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"},
-		{"kafka sasl user", func(c *Config) { c.Kafka.SASL = KafkaSASLConfig{Mechanism: "PLAIN", Password: "p"} }, "kafka.sasl.user", "required when kafka.sasl.mechanism is set"},
-		{"kafka sasl password", func(c *Config) { c.Kafka.SASL = KafkaSASLConfig{Mechanism: "PLAIN", User: "u"} }, "kafka.sasl.password", "required when kafka.sasl.mechanism is set"},
-		{"redis addr", func(c *Config) { c.Redis.Addr = "redis" }, "redis.addr", "not host:port"},
-		{"redis db", func(c *Config) { c.Redis.DB = -1 }, "redis.db", "must not be negative"},
-		{"redis max len", func(c *Config) { c.Redis.MaxLen = -1 }, "redis.max_len", "must not be negative"},
-		{"redis ordering", func(c *Config) { c.Redis.Ordering = "strict" }, "redis.ordering", `"strict" is not one of key, none`},
-		{"redis tls ca file missing", func(c *Config) { c.Redis.TLSCAFile = "/nonexistent/ca.pem" }, "redis.tls_ca_file", "no such file"},
-		{"redis tls ca file without certificate", func(c *Config) { c.Redis.TLSCAFile = "config_test.go" }, "redis.tls_ca_file", "holds no PEM certificate"},
-		{"redis tls server name with port", func(c *Config) { c.Redis.TLSServerName = "redis.example:6380" }, "redis.tls_server_name", "not a host name"},
-		{"redis tls server name with scheme", func(c *Config) { c.Redis.TLSServerName = "rediss://redis.example" }, "redis.tls_server_name", "not a host name"},
+		{"kafka broker address", func(c *Config) { *c = with(*c, "kafka.brokers", "localhost") }, "kafka.brokers[0]", "not host:port"},
+		{"kafka broker port", func(c *Config) { *c = with(*c, "kafka.brokers", "localhost:99999") }, "kafka.brokers[0]", "port"},
+		{"kafka version", func(c *Config) { *c = with(*c, "kafka.version", "3") }, "kafka.version", "not major.minor.patch"},
+		{"kafka offset", func(c *Config) { *c = with(*c, "kafka.initial_offset", "latest") }, "kafka.initial_offset", `"latest" is not one of oldest, newest`},
+		{"kafka in flight", func(c *Config) { *c = with(*c, "kafka.max_in_flight", "-2") }, "kafka.max_in_flight", "must not be negative"},
+		{"kafka read-ahead", func(c *Config) { *c = with(*c, "kafka.max_read_ahead_bytes", "-1") }, "kafka.max_read_ahead_bytes", "must not be negative"},
+		{"kafka fetch wait", func(c *Config) { *c = with(*c, "kafka.fetch_max_wait", "-1s") }, "kafka.fetch_max_wait", "must be at least 1ms"},
+		{"kafka fetch wait below 1ms", func(c *Config) { *c = with(*c, "kafka.fetch_max_wait", "1µs") }, "kafka.fetch_max_wait", "must be at least 1ms"},
+		{"kafka tls pair", func(c *Config) { *c = with(*c, "kafka.tls.cert_file", "c.pem") }, "kafka.tls.cert_file", "set both or neither"},
+		{"kafka sasl mechanism", func(c *Config) { *c = with(*c, "kafka.sasl.mechanism", "GSSAPI") }, "kafka.sasl.mechanism", "is not one of , PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"},
+		{"kafka sasl user", func(c *Config) { *c = with(*c, "kafka.sasl.mechanism", "PLAIN", "kafka.sasl.password", "p") }, "kafka.sasl.user", "required when kafka.sasl.mechanism is set"},
+		{"kafka sasl password", func(c *Config) { *c = with(*c, "kafka.sasl.mechanism", "PLAIN", "kafka.sasl.user", "u") }, "kafka.sasl.password", "required when kafka.sasl.mechanism is set"},
+		{"redis addr", func(c *Config) { *c = with(*c, "redis.addr", "redis") }, "redis.addr", "not host:port"},
+		{"redis db", func(c *Config) { *c = with(*c, "redis.db", "-1") }, "redis.db", "must not be negative"},
+		{"redis max len", func(c *Config) { *c = with(*c, "redis.max_len", "-1") }, "redis.max_len", "must not be negative"},
+		{"redis ordering", func(c *Config) { *c = with(*c, "redis.ordering", "strict") }, "redis.ordering", `"strict" is not one of key, none`},
+		{"redis tls ca file missing", func(c *Config) { *c = with(*c, "redis.tls_ca_file", "/nonexistent/ca.pem") }, "redis.tls_ca_file", "no such file"},
+		{"redis tls ca file without certificate", func(c *Config) { *c = with(*c, "redis.tls_ca_file", "config_test.go") }, "redis.tls_ca_file", "holds no PEM certificate"},
+		{"redis tls server name with port", func(c *Config) { *c = with(*c, "redis.tls_server_name", "redis.example:6380") }, "redis.tls_server_name", "not a host name"},
+		{"redis tls server name with scheme", func(c *Config) { *c = with(*c, "redis.tls_server_name", "rediss://redis.example") }, "redis.tls_server_name", "not a host name"},
 		{"outbox table", func(c *Config) { c.Outbox.Table = "a.b.c" }, "outbox.table", "not a table name"},
 		{"outbox table too long", func(c *Config) { c.Outbox.Table = strings.Repeat("t", 48) }, "outbox.table", "longer than 47 bytes"},
 		{"outbox attempts", func(c *Config) { c.Outbox.MaxAttempts = -1 }, "outbox.max_attempts", "must not be negative"},
@@ -116,7 +116,7 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 
 func TestConfig_ValidateReportsEveryBadKey(t *testing.T) {
 	t.Parallel()
-	err := Config{Broker: "x", Redis: RedisConfig{DB: -1}}.Validate()
+	err := with(Config{Broker: "x"}, "redis.db", "-1").Validate()
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "broker:")
 	assert.Contains(t, err.Error(), "redis.db:")
@@ -125,8 +125,8 @@ func TestConfig_ValidateReportsEveryBadKey(t *testing.T) {
 func TestConfig_ValidAlternatives(t *testing.T) {
 	t.Parallel()
 	for _, c := range []Config{
-		{Broker: BrokerKafka, Kafka: KafkaConfig{Brokers: []string{"k1:9092", "[::1]:9093"}, SASL: KafkaSASLConfig{Mechanism: "SCRAM-SHA-512", User: "u", Password: "p"}}},
-		{Broker: BrokerRedis, Redis: RedisConfig{Addr: "redis:6380", Ordering: "none"}},
+		with(Config{Broker: BrokerKafka}, "kafka.brokers", "k1:9092,[::1]:9093", "kafka.sasl.mechanism", "SCRAM-SHA-512", "kafka.sasl.user", "u", "kafka.sasl.password", "p"),
+		with(Config{Broker: BrokerRedis}, "redis.addr", "redis:6380", "redis.ordering", "none"),
 		{Broker: BrokerPostgres, Postgres: PostgresConfig{URL: "host=db user=app password=secret dbname=app", QueueGroups: []string{"a", "b"}}},
 		{Postgres: PostgresConfig{URL: "host = db password = 'it\\'s a secret' application_name=svc://worker"}},
 		{Postgres: PostgresConfig{URL: "postgres://u:pw@[::1]:5432,[::2]:5433,h3/db?sslmode=require&target_session_attrs=read-write"}},
@@ -181,13 +181,13 @@ inbox:
 	}))
 	require.NoError(t, err)
 	assert.Equal(t, BrokerKafka, cfg.Broker)
-	assert.Equal(t, []string{"env1:9092", "env2:9092"}, cfg.Kafka.Brokers)
-	assert.Equal(t, "file-redis:6379", cfg.Redis.Addr, "keys the environment does not set keep the file's value")
-	assert.Equal(t, "from-env", cfg.Redis.Password)
+	assert.Equal(t, []string{"env1:9092", "env2:9092"}, keyValue(cfg, "kafka.brokers"))
+	assert.Equal(t, "file-redis:6379", keyValue(cfg, "redis.addr"), "keys the environment does not set keep the file's value")
+	assert.Equal(t, "from-env", keyValue(cfg, "redis.password"))
 	assert.Equal(t, "file_outbox", cfg.Outbox.Table)
 	assert.Equal(t, 90*time.Minute, cfg.Outbox.Retention)
 	assert.Equal(t, 250, cfg.Relay.BatchSize)
-	assert.True(t, cfg.Kafka.TLS.Enable)
+	assert.Equal(t, true, keyValue(cfg, "kafka.tls.enable"))
 	assert.Equal(t, []string{"orders", "payments"}, cfg.Inbox.Topics)
 	assert.Equal(t, DefaultRelayLease, cfg.Relay.Lease, "defaults fill the rest")
 }
@@ -251,12 +251,11 @@ func TestEnvName(t *testing.T) {
 
 func TestConfig_SecretsAreRedactedWheneverPrinted(t *testing.T) {
 	t.Parallel()
-	c := Config{
+	c := with(Config{
 		Postgres:      PostgresConfig{URL: "postgres://app:pg-secret@db:5432/app?sslmode=require"},
-		Kafka:         KafkaConfig{SASL: KafkaSASLConfig{Mechanism: "PLAIN", User: "kuser", Password: "kafka-secret"}},
-		Redis:         RedisConfig{Password: "redis-secret"},
 		Observability: ObservabilityConfig{OTLPEndpoint: "https://tenant:otlp-secret@collector:4318/v1/traces"},
-	}
+	}, "kafka.sasl.mechanism", "PLAIN", "kafka.sasl.user", "kuser", "kafka.sasl.password", "kafka-secret",
+		"redis.password", "redis-secret")
 	var logged strings.Builder
 	slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", c)
 	var jsonLogged strings.Builder
@@ -278,8 +277,8 @@ func TestConfig_SecretsAreRedactedWheneverPrinted(t *testing.T) {
 	assert.Contains(t, c.String(), "url: postgres://app:REDACTED@db:5432/app?sslmode=require")
 	assert.Contains(t, c.String(), "user: kuser", "non-secret keys are shown")
 	assert.Contains(t, logged.String(), "config.redis.password=REDACTED")
-	assert.Equal(t, "kafka-secret", c.Kafka.SASL.Password, "Redacted does not touch the original")
-	assert.Empty(t, Config{}.Redacted().Redis.Password, "an unset secret stays empty")
+	assert.Equal(t, "kafka-secret", keyValue(c, "kafka.sasl.password"), "Redacted does not touch the original")
+	assert.Empty(t, keyValue(Config{}.Redacted(), "redis.password"), "an unset secret stays empty")
 }
 
 func TestRedactDSN(t *testing.T) {

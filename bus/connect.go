@@ -18,13 +18,13 @@ import (
 const (
 	DefaultConnectBackoff    = 100 * time.Millisecond
 	DefaultConnectBackoffCap = 5 * time.Second
-	// DefaultConnectWait bounds how long Open waits for the first attempt to
+	// DefaultConnectWait bounds how long OpenBroker waits for the first attempt to
 	// reach the broker (a dial to a host that drops packets can take much
-	// longer) before it returns a Bus that keeps connecting in the background.
+	// longer) before it returns a Conn that keeps connecting in the background.
 	DefaultConnectWait = 5 * time.Second
 )
 
-// ErrBrokerUnavailable is wrapped by the errors of a Bus whose broker is not
+// ErrBrokerUnavailable is wrapped by the errors of a Conn whose broker is not
 // connected (yet): a Publish fails with it, marked Transient, so a relay
 // spends no attempt while the broker is unreachable.
 var ErrBrokerUnavailable = errors.New("broker not connected")
@@ -39,7 +39,7 @@ func ConnectBackoff(n int) time.Duration {
 	return min(d, DefaultConnectBackoffCap)
 }
 
-// lazyBroker is the Broker of a Bus: it calls the transport's factory in the
+// lazyBroker is the Broker of a Conn: it calls the transport's factory in the
 // background until it succeeds, with ConnectBackoff between attempts and a
 // log line at Warn for each failed one, and meanwhile serves a Publisher
 // whose Publish fails with a transient ErrBrokerUnavailable and Subscribers
@@ -62,8 +62,8 @@ type lazyBroker struct {
 
 	mu       sync.Mutex
 	lastErr  error
-	firstErr error // the first attempt's result, while Open waits for it
-	detached bool  // Open stopped waiting for the first attempt
+	firstErr error // the first attempt's result, while OpenBroker waits for it
+	detached bool  // OpenBroker stopped waiting for the first attempt
 	closed   bool
 }
 
@@ -114,7 +114,7 @@ func (lb *lazyBroker) connect() {
 		lb.lastErr = err
 		lb.mu.Unlock()
 		if n == 1 && lb.reportFirst(err) && ClassOf(err) != ClassTransient {
-			return // Open fails with err
+			return // OpenBroker fails with err
 		}
 		wait := ConnectBackoff(n)
 		level := slog.LevelWarn
@@ -133,8 +133,8 @@ func (lb *lazyBroker) connect() {
 	}
 }
 
-// reportFirst records the first attempt's result for Open and reports
-// whether Open is still waiting for it.
+// reportFirst records the first attempt's result for OpenBroker and reports
+// whether OpenBroker is still waiting for it.
 func (lb *lazyBroker) reportFirst(err error) (openWaits bool) {
 	lb.mu.Lock()
 	openWaits = !lb.detached
@@ -147,8 +147,8 @@ func (lb *lazyBroker) reportFirst(err error) (openWaits bool) {
 }
 
 // awaitFirst waits for the first attempt, for at most wait or until ctx
-// ends. It returns the attempt's error when that attempt ended while Open
-// waited; otherwise Open goes on without it and the connector retries
+// ends. It returns the attempt's error when that attempt ended while OpenBroker
+// waited; otherwise OpenBroker goes on without it and the connector retries
 // whatever the first attempt's outcome.
 func (lb *lazyBroker) awaitFirst(ctx context.Context, wait time.Duration) (firstErr error, ctxErr error) {
 	t := time.NewTimer(wait)
@@ -293,7 +293,7 @@ func (s *lazySubscriber) underlying() (message.Subscriber, error) {
 	}
 	sub, err := b.Subscriber(s.group)
 	if err != nil {
-		return nil, err // Bus.Subscriber says which broker and group
+		return nil, err // Conn.Subscriber says which broker and group
 	}
 	s.sub = sub
 	return sub, nil

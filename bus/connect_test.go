@@ -1,4 +1,4 @@
-package bus
+package bus_test
 
 import (
 	"context"
@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/memory"
 )
 
 // downBroker is a factory for a memory broker that cannot be reached while
@@ -25,12 +27,12 @@ type downBroker struct {
 
 var errRefused = errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 
-func (d *downBroker) factory(_ context.Context, _ Config, logger *slog.Logger) (Broker, error) {
+func (d *downBroker) factory(_ context.Context, _ bus.Config, logger *slog.Logger) (bus.Broker, error) {
 	d.attempts.Add(1)
 	if d.down.Load() {
-		return nil, Transient(errRefused)
+		return nil, bus.Transient(errRefused)
 	}
-	return NewMemoryBroker(logger), nil
+	return memory.NewBroker(logger), nil
 }
 
 func TestConnectBackoff_DoublesFrom100msUpTo5s(t *testing.T) {
@@ -46,13 +48,13 @@ func TestConnectBackoff_DoublesFrom100msUpTo5s(t *testing.T) {
 		{7, 5 * time.Second},
 		{1000, 5 * time.Second},
 	} {
-		assert.Equal(t, tc.want, ConnectBackoff(tc.n), "retry %d", tc.n)
+		assert.Equal(t, tc.want, bus.ConnectBackoff(tc.n), "retry %d", tc.n)
 	}
 }
 
 // TestOpen_UnreachableBrokerConnectsInTheBackground: Open returns while the
 // broker is down; Publish is transient meanwhile (wrapping
-// ErrBrokerUnavailable, with the reason), each failed attempt is logged at
+// bus.ErrBrokerUnavailable, with the reason), each failed attempt is logged at
 // Warn with the reason, a subscription made meanwhile waits, and once the
 // broker answers both work without anything being reopened.
 func TestOpen_UnreachableBrokerConnectsInTheBackground(t *testing.T) {
@@ -63,15 +65,15 @@ func TestOpen_UnreachableBrokerConnectsInTheBackground(t *testing.T) {
 	logger := slog.New(slog.NewJSONHandler(&logs, nil))
 	d := &downBroker{}
 	d.down.Store(true)
-	b, err := openWith(ctx, Config{Broker: "flaky"}, d.factory, logger, time.Minute)
+	b, err := bus.OpenWith(ctx, bus.Config{Broker: "flaky"}, d.factory, logger, time.Minute)
 	require.NoError(t, err, "an unreachable broker does not fail Open")
 	defer func() { require.NoError(t, b.Close()) }()
 
 	msg := message.NewMessage(watermill.NewUUID(), []byte("hi"))
 	err = b.Publisher().Publish("orders", msg)
 	require.Error(t, err)
-	assert.Equal(t, ClassTransient, ClassOf(err), "no attempt is spent on a broker that is down")
-	assert.ErrorIs(t, err, ErrBrokerUnavailable)
+	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "no attempt is spent on a broker that is down")
+	assert.ErrorIs(t, err, bus.ErrBrokerUnavailable)
 	assert.ErrorIs(t, err, errRefused, "the error says why")
 
 	sub, err := b.Subscriber("g")
@@ -114,12 +116,12 @@ func TestOpen_UnreachableBrokerConnectsInTheBackground(t *testing.T) {
 func TestOpen_BrokerThatRefusesForGoodFailsOpen(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
-	bad := &ConfigError{Field: "kafka.tls.ca_file", Reason: "no such file"}
-	_, err := openWith(context.Background(), Config{Broker: "bad"}, func(context.Context, Config, *slog.Logger) (Broker, error) {
+	bad := &bus.ConfigError{Field: "kafka.tls.ca_file", Reason: "no such file"}
+	_, err := bus.OpenWith(context.Background(), bus.Config{Broker: "bad"}, func(context.Context, bus.Config, *slog.Logger) (bus.Broker, error) {
 		calls.Add(1)
 		return nil, bad
-	}, NopLogger(), time.Minute)
-	require.ErrorIs(t, err, ErrInvalidConfig)
+	}, bus.NopLogger(), time.Minute)
+	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "open bad broker: invalid config: kafka.tls.ca_file")
 	assert.Equal(t, int32(1), calls.Load(), "the factory is called once")
 }
@@ -134,13 +136,13 @@ func TestOpen_SlowFirstAttemptDoesNotHoldOpen(t *testing.T) {
 	defer cancel()
 	release := make(chan struct{})
 	var calls atomic.Int32
-	b, err := openWith(ctx, Config{Broker: "slow"}, func(context.Context, Config, *slog.Logger) (Broker, error) {
+	b, err := bus.OpenWith(ctx, bus.Config{Broker: "slow"}, func(context.Context, bus.Config, *slog.Logger) (bus.Broker, error) {
 		if calls.Add(1) == 1 {
 			<-release
 			return nil, errors.New("refused for good, but too late")
 		}
-		return NewMemoryBroker(nil), nil
-	}, NopLogger(), time.Millisecond)
+		return memory.NewBroker(nil), nil
+	}, bus.NopLogger(), time.Millisecond)
 	require.NoError(t, err, "Open does not wait for a slow first attempt")
 	defer func() { require.NoError(t, b.Close()) }()
 	close(release)
@@ -157,7 +159,7 @@ func TestBus_CloseWhileTheBrokerIsDown(t *testing.T) {
 	defer cancel()
 	d := &downBroker{}
 	d.down.Store(true)
-	b, err := openWith(ctx, Config{Broker: "down"}, d.factory, NopLogger(), time.Minute)
+	b, err := bus.OpenWith(ctx, bus.Config{Broker: "down"}, d.factory, bus.NopLogger(), time.Minute)
 	require.NoError(t, err)
 	sub, err := b.Subscriber("g")
 	require.NoError(t, err)
@@ -167,12 +169,12 @@ func TestBus_CloseWhileTheBrokerIsDown(t *testing.T) {
 	require.NoError(t, b.Close())
 	_, open := <-ch
 	assert.False(t, open, "the waiting subscription's channel is closed")
-	assert.ErrorIs(t, b.WaitBroker(ctx), ErrBusClosed)
+	assert.ErrorIs(t, b.WaitBroker(ctx), bus.ErrBusClosed)
 	err = b.Publisher().Publish("orders", message.NewMessage(watermill.NewUUID(), nil))
-	assert.ErrorIs(t, err, ErrBusClosed)
-	assert.Equal(t, ClassTransient, ClassOf(err))
+	assert.ErrorIs(t, err, bus.ErrBusClosed)
+	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err))
 	_, err = b.Subscriber("g")
-	assert.ErrorIs(t, err, ErrBusClosed)
+	assert.ErrorIs(t, err, bus.ErrBusClosed)
 }
 
 // TestSubscriber_WaitingSubscriptionEndsWithItsContext: cancelling the
@@ -181,7 +183,7 @@ func TestSubscriber_WaitingSubscriptionEndsWithItsContext(t *testing.T) {
 	t.Parallel()
 	d := &downBroker{}
 	d.down.Store(true)
-	b, err := openWith(context.Background(), Config{Broker: "down"}, d.factory, NopLogger(), time.Minute)
+	b, err := bus.OpenWith(context.Background(), bus.Config{Broker: "down"}, d.factory, bus.NopLogger(), time.Minute)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
 	sub, err := b.Subscriber("g")

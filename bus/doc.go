@@ -1,7 +1,11 @@
 // Package bus is the face of omnibus: the reserved metadata keys and their
 // helpers, the three failure classes a handler error can belong to, the
 // Delivery and Settlement records that travel in a message's context, and an
-// adapter between log/slog and Watermill's LoggerAdapter.
+// adapter between log/slog and Watermill's LoggerAdapter; and the
+// configuration: Config's top-level keys, the YAML/env loader (LoadConfig),
+// and the transport registry (Register) through which each transport brings
+// its factory and its own config section, and OpenBroker opens the
+// configured one.
 //
 // bus never imports a transport. Transports and processors import bus.
 //

@@ -13,9 +13,11 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
-// libraryLog is the logger this package's tests give bus.Open, and what it
+// libraryLog is the logger this package's tests give bus.OpenBroker, and what it
 // received. The client libraries' loggers are global and take the logger of
 // the first Open given one, so every test (and every -count run) must share
 // this one.
@@ -66,7 +68,7 @@ func containsAll(s string, subs []string) bool {
 // about a broker they cannot reach arrives as records of the logger given
 // to Open (so in its format, e.g. JSON, and with a "library" attribute),
 // not as raw lines on stderr. Tests of this package that pass
-// bus.WithLogger to bus.Open must pass libraryLog.logger.
+// bus.WithLogger to bus.OpenBroker must pass libraryLog.logger.
 func TestOpen_ClientLibraryLinesAreSlogRecords(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -74,15 +76,15 @@ func TestOpen_ClientLibraryLinesAreSlogRecords(t *testing.T) {
 
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	redisCfg := bus.Config{Broker: bus.BrokerRedis}
-	redisCfg.Redis.Addr = redisAddr
-	rb, err := bus.Open(ctx, redisCfg, bus.WithLogger(libraryLog.logger))
+	redis.SetSection(&redisCfg, redis.Config{Addr: redisAddr})
+	rb, err := bus.OpenBroker(ctx, redisCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, rb.Close()) }()
 
 	kafkaAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	kafkaCfg := bus.Config{Broker: bus.BrokerKafka}
-	kafkaCfg.Kafka.Brokers = []string{kafkaAddr}
-	kb, err := bus.Open(ctx, kafkaCfg, bus.WithLogger(libraryLog.logger))
+	kafka.SetSection(&kafkaCfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{kafkaAddr}}})
+	kb, err := bus.OpenBroker(ctx, kafkaCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, kb.Close()) }()
 

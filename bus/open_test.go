@@ -14,6 +14,8 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	_ "github.com/omnibus-go/omnibus/transports/all"
+	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // brokerConfig returns a config for broker whose tables, streams and topics
@@ -29,11 +31,10 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 		testenv.DropPostgresPrefix(t, cfg.Postgres.QueueTable)
 		cfg.Postgres.QueueGroups = []string{"smoke", "other"}
 	case bus.BrokerKafka:
-		cfg.Kafka.Brokers = testenv.Kafka(t)
+		kafka.SetSection(&cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: testenv.Kafka(t)}})
 	case bus.BrokerRedis:
 		testenv.Redis(t)
-		cfg.Redis.Addr = testenv.RedisAddr()
-		cfg.Redis.StreamPrefix = testenv.RedisPrefix(t)
+		redis.SetSection(&cfg, redis.Config{Addr: testenv.RedisAddr(), StreamPrefix: testenv.RedisPrefix(t)})
 	}
 	return cfg
 }
@@ -53,7 +54,7 @@ func TestOpen_EveryBrokerPassesTheSmokeTest(t *testing.T) {
 func smoke(t *testing.T, cfg bus.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
 	assert.Equal(t, cfg.Broker, b.BrokerName())
@@ -105,11 +106,11 @@ func smoke(t *testing.T, cfg bus.Config) {
 
 func TestOpen_RefusesInvalidConfigAndUnknownBrokers(t *testing.T) {
 	t.Parallel()
-	_, err := bus.Open(context.Background(), bus.Config{Broker: "nats"})
+	_, err := bus.OpenBroker(context.Background(), bus.Config{Broker: "nats"})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), `broker: "nats" is not one of memory, postgres, kafka, redis`)
 
-	_, err = bus.Open(context.Background(), bus.Config{Broker: bus.BrokerKafka})
+	_, err = bus.OpenBroker(context.Background(), bus.Config{Broker: bus.BrokerKafka})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "kafka.brokers")
 
@@ -121,7 +122,7 @@ func TestOpen_PostgresBrokerServesConfiguredGroupsOnly(t *testing.T) {
 	cfg := brokerConfig(t, bus.BrokerPostgres)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
 	_, err = b.Subscriber("stranger")

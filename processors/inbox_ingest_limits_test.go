@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/processors"
+	"github.com/omnibus-go/omnibus/transports/memory"
 )
 
 // TestInboxIngestConfig_SizesOverTheirLimitsAreRefused: BatchSize × Writers
@@ -17,7 +17,7 @@ import (
 // (makechan: size out of range).
 func TestInboxIngestConfig_SizesOverTheirLimitsAreRefused(t *testing.T) {
 	t.Parallel()
-	broker := bus.NewMemoryBroker(nil)
+	broker := memory.NewBroker(nil)
 	t.Cleanup(func() { _ = broker.Close() })
 	sub, err := broker.Subscriber("g")
 	require.NoError(t, err)

@@ -25,6 +25,7 @@ import (
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/processors"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/redis"
 )
@@ -131,16 +132,18 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	cfg.Relay.CloseTimeout = 5 * time.Second
 	ordersTable := o.prefix + "_orders"
 	topic := "omnibus_demo_orders_" + randomHex(4)
-	externalKafka := cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) > 0
-	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
+	kcfg := kafka.Section(cfg)
+	externalKafka := cfg.Broker == bus.BrokerKafka && len(kcfg.Brokers) > 0
+	if cfg.Broker == bus.BrokerKafka && len(kcfg.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
 			kfake.GroupMinSessionTimeout(time.Second))
 		if err != nil {
 			return fmt.Errorf("start in-process Kafka: %w", err)
 		}
 		defer cluster.Close()
-		cfg.Kafka.Brokers = cluster.ListenAddrs()
-		fmt.Fprintf(a.stdout, "started an in-process Kafka cluster (kfake) at %s\n", strings.Join(cfg.Kafka.Brokers, ","))
+		kcfg.Brokers = cluster.ListenAddrs()
+		kafka.SetSection(&cfg, kcfg)
+		fmt.Fprintf(a.stdout, "started an in-process Kafka cluster (kfake) at %s\n", strings.Join(kcfg.Brokers, ","))
 	}
 
 	cfg = cfg.WithDefaults()
@@ -188,7 +191,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		}
 		if externalKafka {
 			fmt.Fprintf(a.stdout, "left topic %s and consumer group %s on the Kafka cluster at %s\n",
-				topic, cfg.Inbox.ConsumerGroup, strings.Join(cfg.Kafka.Brokers, ","))
+				topic, cfg.Inbox.ConsumerGroup, strings.Join(kcfg.Brokers, ","))
 		}
 	}()
 
@@ -379,7 +382,7 @@ func dropDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, ord
 // deleteDemoStreams deletes the demo's Redis stream and its dead-letter
 // stream (their consumer groups go with them).
 func deleteDemoStreams(ctx context.Context, cfg bus.Config, topic string) error {
-	r := cfg.Redis
+	r := redis.Section(cfg)
 	opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
 	if r.TLS {
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}

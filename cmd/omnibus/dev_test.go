@@ -16,10 +16,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
 // freePort returns a loopback port nobody listened on a moment ago.
@@ -102,11 +103,11 @@ func TestDevKafka_ServesOnThePortAndOmnibusRoundTripsThroughIt(t *testing.T) {
 	var cfg bus.Config
 	require.NoError(t, cfg.ApplyEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok }))
 	require.Equal(t, bus.BrokerKafka, cfg.Broker)
-	require.Equal(t, []string{addr}, cfg.Kafka.Brokers)
+	require.Equal(t, []string{addr}, kafka.Section(cfg).Brokers)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err, "open omnibus's kafka broker against the dev Kafka")
 	defer func() { _ = b.Close() }()
 	require.NoError(t, b.WaitBroker(ctx), "connect to the dev Kafka at %s", addr)

@@ -605,11 +605,6 @@ func TestConfigDefaultsMatchTheTransports(t *testing.T) {
 	assert.Equal(t, middleware.DefaultTimeout, bus.DefaultRelayTimeout)
 	assert.Equal(t, middleware.DefaultFailureThreshold, bus.DefaultBreakerThreshold)
 	assert.Equal(t, middleware.DefaultOpenTimeout, bus.DefaultBreakerOpenTimeout)
-	assert.Equal(t, kafka.DefaultClientID, bus.DefaultKafkaClientID)
-	assert.Equal(t, kafka.DefaultKafkaVersion, bus.DefaultKafkaVersion)
-	assert.Equal(t, string(kafka.DefaultInitialOffset), bus.DefaultKafkaInitialOffset)
-	assert.Equal(t, kafka.DefaultDeadLetterTopic, bus.DefaultKafkaDeadLetter)
-	assert.Equal(t, kafka.DefaultMaxInFlight, bus.DefaultKafkaMaxInFlight)
 }
 
 func TestProgressBar(t *testing.T) {

@@ -13,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // readyTimeout bounds one /readyz answer: every check shares it.
@@ -184,9 +186,9 @@ func brokerCheck(cfg bus.Config) func(context.Context) error {
 	var addrs []string
 	switch cfg.Broker {
 	case bus.BrokerRedis:
-		addrs = []string{cfg.Redis.Addr}
+		addrs = []string{redis.Section(cfg).Addr}
 	case bus.BrokerKafka:
-		addrs = cfg.Kafka.Brokers
+		addrs = kafka.Section(cfg).Brokers
 	default:
 		return nil
 	}

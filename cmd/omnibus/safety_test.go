@@ -18,7 +18,9 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // envOf is a lookupEnv over vars only.
@@ -284,10 +286,10 @@ func TestBrokerCheck_ProbesTheConfiguredBroker(t *testing.T) {
 		cfg  bus.Config
 		want string // "" when reachable
 	}{
-		{"redis up", bus.Config{Broker: bus.BrokerRedis, Redis: bus.RedisConfig{Addr: open.Addr().String()}}, ""},
-		{"redis down", bus.Config{Broker: bus.BrokerRedis, Redis: bus.RedisConfig{Addr: closed}}, "redis broker unreachable at " + closed},
-		{"kafka, one of two up", bus.Config{Broker: bus.BrokerKafka, Kafka: bus.KafkaConfig{Brokers: []string{closed, open.Addr().String()}}}, ""},
-		{"kafka down", bus.Config{Broker: bus.BrokerKafka, Kafka: bus.KafkaConfig{Brokers: []string{closed}}}, "kafka broker unreachable at " + closed},
+		{"redis up", redisConfig(open.Addr().String()), ""},
+		{"redis down", redisConfig(closed), "redis broker unreachable at " + closed},
+		{"kafka, one of two up", kafkaConfig(closed, open.Addr().String()), ""},
+		{"kafka down", kafkaConfig(closed), "kafka broker unreachable at " + closed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := brokerCheck(tc.cfg)(ctx)
@@ -330,4 +332,16 @@ func TestSchemaCheck_SaysMissingThenBehindThenPasses(t *testing.T) {
 	assert.Equal(t, fmt.Sprintf("migrated %s (outbox), %s (inbox) to version %d\n", outbox, inbox, latest), r.stdout,
 		"not up to date: one table was behind")
 	assert.NoError(t, check(ctx))
+}
+
+func redisConfig(addr string) bus.Config {
+	cfg := bus.Config{Broker: bus.BrokerRedis}
+	redis.SetSection(&cfg, redis.Config{Addr: addr})
+	return cfg
+}
+
+func kafkaConfig(brokers ...string) bus.Config {
+	cfg := bus.Config{Broker: bus.BrokerKafka}
+	kafka.SetSection(&cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}})
+	return cfg
 }

@@ -15,7 +15,7 @@ import (
 // while running is: each failed attempt is logged at Warn with the reason
 // (passwords redacted), with bus.ConnectBackoff between attempts (100 ms
 // doubling to 5 s). PostgreSQL is waited for here; the broker by the Bus,
-// which connects in the background (bus.Open). Errors that waiting will not
+// which connects in the background (bus.OpenBroker). Errors that waiting will not
 // fix (bad configuration, a server refusing the credentials) end the wait at
 // once. When ctx ends (SIGINT, SIGTERM) it returns nil and no Bus: the
 // command stops cleanly.

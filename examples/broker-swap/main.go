@@ -37,7 +37,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/omnibus-go/omnibus/processors"
 	_ "github.com/omnibus-go/omnibus/transports/all"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 const (
@@ -223,8 +224,9 @@ func configure(cfg *bus.Config) {
 	cfg.Relay.PollInterval = 200 * time.Millisecond
 	// Redis and Kafka keep messages between runs: a stream prefix per run
 	// keeps this run's topic empty.
-	if cfg.Redis.StreamPrefix == "" {
-		cfg.Redis.StreamPrefix = example.Unique("complete-worker:") + ":"
+	if r := redis.Section(*cfg); r.StreamPrefix == "" {
+		r.StreamPrefix = example.Unique("complete-worker:") + ":"
+		redis.SetSection(cfg, r)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -118,6 +119,8 @@ const (
 	OffsetNewest InitialOffset = "newest"
 )
 
+var initialOffsets = []InitialOffset{OffsetOldest, OffsetNewest}
+
 // The SASL mechanisms.
 const (
 	SASLPlain       = "PLAIN"
@@ -125,32 +128,37 @@ const (
 	SASLScramSHA512 = "SCRAM-SHA-512"
 )
 
-// ConfigError reports an invalid configuration field: the one config error
-// type of omnibus (bus.ConfigError), here with Field the struct field's name
-// (dotted for nested ones). It matches bus.ErrInvalidConfig.
-type ConfigError = bus.ConfigError
+// SASLMechanisms are the SASL mechanisms supported, for SASLConfig.Mechanism.
+var SASLMechanisms = []string{SASLPlain, SASLScramSHA256, SASLScramSHA512}
 
+// MinFetchMaxWait is the shortest FetchMaxWait: brokers wait in whole
+// milliseconds.
+const MinFetchMaxWait = time.Millisecond
+
+// configErr reports an invalid field as a *bus.ConfigError (the one config
+// error type of omnibus), Field the struct field's name (dotted for nested
+// ones). It matches bus.ErrInvalidConfig.
 func configErr(field, format string, args ...any) error {
-	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return &bus.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // TLSConfig secures the connections to the brokers.
 type TLSConfig struct {
 	// Enable turns TLS on. Setting any other field turns it on too.
-	Enable bool
+	Enable bool `yaml:"enable"`
 	// CAFile is a PEM file of the certificate authorities that verify the
 	// brokers. Empty means the system roots.
-	CAFile string
+	CAFile string `yaml:"ca_file"`
 	// CertFile and KeyFile are the PEM client certificate and key for mutual
 	// TLS. Set both or neither.
-	CertFile string
-	KeyFile  string
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 	// ServerName is checked against the brokers' certificates instead of the
 	// host name dialled.
-	ServerName string
+	ServerName string `yaml:"server_name"`
 	// InsecureSkipVerify accepts any broker certificate. Off by default; it
 	// defeats TLS and belongs in tests only.
-	InsecureSkipVerify bool
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 func (c TLSConfig) enabled() bool {
@@ -179,19 +187,29 @@ func (c TLSConfig) build() (*tls.Config, error) {
 		}
 		tc.RootCAs = pool
 	}
-	switch {
-	case c.CertFile != "" && c.KeyFile != "":
+	if missing := c.missingPairFile(); missing != "" {
+		return nil, configErr("TLS."+missing, "required with TLS.%s", map[string]string{"KeyFile": "CertFile", "CertFile": "KeyFile"}[missing])
+	}
+	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
 			return nil, configErr("TLS.CertFile", "load key pair (%q, %q): %v", c.CertFile, c.KeyFile, err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
-	case c.CertFile != "":
-		return nil, configErr("TLS.KeyFile", "required with TLS.CertFile")
-	case c.KeyFile != "":
-		return nil, configErr("TLS.CertFile", "required with TLS.KeyFile")
 	}
 	return tc, nil
+}
+
+// missingPairFile names the half of the client key pair that is missing
+// ("CertFile" or "KeyFile"), or "" when both or neither are set.
+func (c TLSConfig) missingPairFile() string {
+	switch {
+	case c.CertFile != "" && c.KeyFile == "":
+		return "KeyFile"
+	case c.KeyFile != "" && c.CertFile == "":
+		return "CertFile"
+	}
+	return ""
 }
 
 // SASLConfig authenticates the connections to the brokers.
@@ -200,11 +218,11 @@ type SASLConfig struct {
 	// means no SASL. PLAIN sends the password as is: use it with TLS. SCRAM
 	// refuses a server whose iteration count is outside
 	// MinSCRAMIterations..MaxSCRAMIterations.
-	Mechanism string
+	Mechanism string `yaml:"mechanism"`
 	// User and Password are the credentials. The password is used as given
 	// (no SASLprep normalisation).
-	User     string
-	Password string
+	User     string `yaml:"user"`
+	Password string `yaml:"password" secret:"true"`
 }
 
 func (c SASLConfig) validate() error {
@@ -214,8 +232,10 @@ func (c SASLConfig) validate() error {
 			return configErr("SASL.Mechanism", "required when SASL.User or SASL.Password is set")
 		}
 		return nil
-	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
 	default:
+		if slices.Contains(SASLMechanisms, c.Mechanism) {
+			break
+		}
 		return configErr("SASL.Mechanism", "unsupported %q (want %s, %s or %s)",
 			c.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
 	}
@@ -254,19 +274,19 @@ func (c SASLConfig) apply(sc *sarama.Config) {
 type ConnectionConfig struct {
 	// Brokers are the bootstrap brokers as host:port. Required unless the
 	// config sets a Client.
-	Brokers []string
+	Brokers []string `yaml:"brokers"`
 	// ClientID names this client to the brokers. Default DefaultClientID.
-	ClientID string
+	ClientID string `yaml:"client_id"`
 	// KafkaVersion is the oldest broker version to speak to, as
 	// "major.minor.patch", at least 0.11.0 (record headers). Default
 	// DefaultKafkaVersion.
-	KafkaVersion string
+	KafkaVersion string `yaml:"version"`
 	// TLS secures the connections. Off by default.
-	TLS TLSConfig
+	TLS TLSConfig `yaml:"tls"`
 	// SASL authenticates the connections. Off by default.
-	SASL SASLConfig
+	SASL SASLConfig `yaml:"sasl"`
 	// DialTimeout bounds connecting to one broker. Default DefaultDialTimeout.
-	DialTimeout time.Duration
+	DialTimeout time.Duration `yaml:"-"`
 }
 
 func (c *ConnectionConfig) setDefaults() {
@@ -415,7 +435,7 @@ func (c *PublisherConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, as a *ConfigError. Zero fields
+// Validate reports the first invalid field, as a *bus.ConfigError. Zero fields
 // are valid: they mean the default.
 func (c PublisherConfig) Validate() error {
 	c.setDefaults()
@@ -643,7 +663,7 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, as a *ConfigError. Zero fields
+// Validate reports the first invalid field, as a *bus.ConfigError. Zero fields
 // are valid: they mean the default.
 func (c SubscriberConfig) Validate() error {
 	c.setDefaults()
@@ -668,7 +688,7 @@ func (c SubscriberConfig) Validate() error {
 	if c.CommitInterval < 0 {
 		return configErr("CommitInterval", "negative (%s)", c.CommitInterval)
 	}
-	if c.FetchMaxWait < time.Millisecond {
+	if c.FetchMaxWait < MinFetchMaxWait {
 		return configErr("FetchMaxWait", "below 1ms (%s): brokers wait in whole milliseconds", c.FetchMaxWait)
 	}
 	if c.DeadLetterTopic != NoDeadLetters && strings.TrimSpace(c.DeadLetterTopic) == "" {
@@ -683,9 +703,7 @@ func (c SubscriberConfig) Validate() error {
 		}
 		return nil
 	}
-	switch c.InitialOffset {
-	case OffsetOldest, OffsetNewest:
-	default:
+	if !slices.Contains(initialOffsets, c.InitialOffset) {
 		return configErr("InitialOffset", "unsupported %q (want %q or %q)", c.InitialOffset, OffsetOldest, OffsetNewest)
 	}
 	if c.SessionTimeout < 0 {

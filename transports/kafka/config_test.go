@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
@@ -88,8 +89,8 @@ func TestConfig_BadInputNamesTheField(t *testing.T) {
 func assertFieldError(t *testing.T, err error, field string) {
 	t.Helper()
 	require.Error(t, err, "expected an error naming %s", field)
-	var ce *kafka.ConfigError
-	require.True(t, errors.As(err, &ce), "expected a *kafka.ConfigError, got %T: %v", err, err)
+	var ce *bus.ConfigError
+	require.True(t, errors.As(err, &ce), "expected a *bus.ConfigError, got %T: %v", err, err)
 	assert.Equal(t, field, ce.Field, "error %q names the wrong field", err)
 	assert.True(t, strings.HasPrefix(err.Error(), "invalid config: "+field+": "), "error %q does not start with %q", err, "invalid config: "+field+": ")
 }

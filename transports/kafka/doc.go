@@ -1,5 +1,8 @@
 // Package kafka is the Kafka transport of omnibus, built on sarama: a
-// Watermill Publisher and a consumer-group Subscriber.
+// Watermill Publisher and a consumer-group Subscriber. Importing it
+// registers the kafka broker with bus, with its config section (Config, the
+// kafka: keys and OMNIBUS_KAFKA_* variables; Section reads it from a
+// bus.Config).
 //
 // The Publisher feeds one shared, idempotent AsyncProducer (acks from every
 // in-sync replica by default). Concurrent Publish calls are batched together;

@@ -13,11 +13,13 @@ import (
 func TestSubscriberConfigFrom_MapsTheKafkaSection(t *testing.T) {
 	t.Parallel()
 	var cfg bus.Config
-	cfg.Kafka.Brokers = []string{"b1:9092"}
-	cfg.Kafka.MaxInFlight = 8
-	cfg.Kafka.MaxReadAheadBytes = 1 << 20
-	cfg.Kafka.FetchMaxWait = 50 * time.Millisecond
-	cfg.Kafka.InitialOffset = "newest"
+	kafka.SetSection(&cfg, kafka.Config{
+		ConnectionConfig:  kafka.ConnectionConfig{Brokers: []string{"b1:9092"}},
+		MaxInFlight:       8,
+		MaxReadAheadBytes: 1 << 20,
+		FetchMaxWait:      50 * time.Millisecond,
+		InitialOffset:     "newest",
+	})
 	got := kafka.SubscriberConfigFrom(cfg)
 	assert.Equal(t, []string{"b1:9092"}, got.Brokers)
 	assert.Equal(t, 8, got.MaxInFlight)
@@ -26,8 +28,8 @@ func TestSubscriberConfigFrom_MapsTheKafkaSection(t *testing.T) {
 	assert.Equal(t, kafka.OffsetNewest, got.InitialOffset)
 }
 
-// The bus config repeats the subscriber's defaults so that config check can
-// show them; they must not drift apart.
+// The kafka section's defaults are the subscriber's (config check shows
+// them).
 func TestSubscriberConfigFrom_DefaultsAreTheSubscribers(t *testing.T) {
 	t.Parallel()
 	got := kafka.SubscriberConfigFrom(bus.Config{})

@@ -3,20 +3,19 @@ package postgres
 import (
 	"fmt"
 	"hash/fnv"
-	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-)
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	"github.com/omnibus-go/omnibus/internal/ident"
+)
 
 // maxIdentLen is PostgreSQL's NAMEDATALEN-1. Derived names (lanes table,
 // indexes) append suffixes, so table names get a smaller budget.
-const maxIdentLen = 63
+const maxIdentLen = ident.MaxLen
 
 // maxTableNameLen leaves room for the longest suffix we derive ("_lanes_ready_idx").
-const maxTableNameLen = maxIdentLen - len("_lanes_ready_idx")
+const maxTableNameLen = ident.MaxTableNameLen
 
 // tableName is a validated, optionally schema-qualified table name.
 type tableName struct {
@@ -33,7 +32,7 @@ func parseTableName(s string) (tableName, error) {
 		return tableName{}, fmt.Errorf("%q is not a table name (want table or schema.table)", s)
 	}
 	for _, p := range parts {
-		if !identRE.MatchString(p) {
+		if !ident.Plain(p) {
 			return tableName{}, fmt.Errorf("%q is not a valid identifier (letters, digits, underscores; not starting with a digit)", p)
 		}
 	}

@@ -15,7 +15,10 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 )
 
-func init() { bus.RegisterBroker(bus.BrokerPostgres, openBroker) }
+// The postgres broker has no section of its own: it uses the top-level
+// postgres keys (postgres.queue_table, postgres.queue_groups), which the
+// outbox and inbox share.
+func init() { bus.Register(bus.Transport{Name: bus.BrokerPostgres, Open: openBroker}) }
 
 // The postgres broker (bus.Config.Broker = "postgres") uses a table of the
 // database as the message queue, for services that want no other

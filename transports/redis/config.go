@@ -64,13 +64,11 @@ const (
 	MaxMaxInFlight = 100_000
 )
 
-// ConfigError reports an invalid configuration field: the one config error
-// type of omnibus (bus.ConfigError), here with Field the struct field's name
-// (dotted for nested ones). It matches bus.ErrInvalidConfig.
-type ConfigError = bus.ConfigError
-
+// invalid reports an invalid field as a *bus.ConfigError (the one config
+// error type of omnibus), Field the struct field's name. It matches
+// bus.ErrInvalidConfig.
 func invalid(field, format string, args ...any) error {
-	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return &bus.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // connection holds what both configs say about reaching Redis.
@@ -110,7 +108,7 @@ func (c connection) tlsConfig() (*tls.Config, error) {
 // authorities of the PEM file caFile as its roots and serverName as the
 // name checked against the server's certificate, each when not empty; nil
 // when all three are empty (TLS off). A file that cannot be read or holds
-// no certificate is a *ConfigError on TLSCAFile.
+// no certificate is a *bus.ConfigError on TLSCAFile.
 func tlsConfigFrom(base *tls.Config, caFile, serverName string) (*tls.Config, error) {
 	if base == nil && caFile == "" && serverName == "" {
 		return nil, nil
@@ -220,7 +218,7 @@ func (c *PublisherConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field as a *ConfigError.
+// Validate reports the first invalid field as a *bus.ConfigError.
 func (c PublisherConfig) Validate() error {
 	if err := c.connection().validate(); err != nil {
 		return err
@@ -354,7 +352,7 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field as a *ConfigError. It checks the
+// Validate reports the first invalid field as a *bus.ConfigError. It checks the
 // fields as given; NewSubscriber fills in defaults before it validates, so a
 // zero field is valid there.
 func (c SubscriberConfig) Validate() error {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnibus-go/omnibus/bus"
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
 
@@ -32,7 +33,7 @@ func TestConfig_SizesOverTheirLimitsAreRefused(t *testing.T) {
 			t.Parallel()
 			err := tc.cfg.Validate()
 			require.Error(t, err)
-			var ce *omniredis.ConfigError
+			var ce *bus.ConfigError
 			require.True(t, errors.As(err, &ce), "%v", err)
 			assert.Equal(t, tc.field, ce.Field)
 			assert.Contains(t, ce.Reason, fmt.Sprintf("at most %d", tc.limit))

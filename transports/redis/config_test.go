@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 	"github.com/stretchr/testify/assert"
@@ -61,7 +62,7 @@ func TestConfig_InvalidInputNamesTheField(t *testing.T) {
 			t.Parallel()
 			err := tc.build()
 			require.Error(t, err)
-			var ce *omniredis.ConfigError
+			var ce *bus.ConfigError
 			require.True(t, errors.As(err, &ce), "error %v is not a *ConfigError", err)
 			assert.Equal(t, tc.field, ce.Field)
 			assert.Contains(t, err.Error(), "invalid config: "+tc.field+": ")

@@ -2,6 +2,9 @@
 // appends messages to streams with XADD and a consumer-group Subscriber, both
 // on go-redis and both implementing Watermill's message interfaces. It needs
 // Redis 7 or later (XAUTOCLAIM that reports trimmed entries).
+// Importing it registers the redis broker with bus, with its config section
+// (Config, the redis: keys and OMNIBUS_REDIS_* variables; Section reads it
+// from a bus.Config).
 //
 //	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 //	defer client.Close() // ours to close; the transport never closes it
@@ -59,10 +62,10 @@
 // TLSServerName is set: TLSCAFile verifies the server with the authorities
 // of a PEM file instead of the system roots, TLSServerName is the name
 // checked against the server's certificate instead of the host of Addr. A
-// CA file that cannot be read or holds no certificate is a *ConfigError; a
+// CA file that cannot be read or holds no certificate is a *bus.ConfigError; a
 // certificate that does not verify, or a refused password, fails each call
 // with a transient error that names the cause and never shows the password.
-// bus.Open maps redis.tls, redis.tls_ca_file and redis.tls_server_name the
+// bus.OpenBroker maps redis.tls, redis.tls_ca_file and redis.tls_server_name the
 // same way.
 //
 // # Publish failures

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	goredis "github.com/redis/go-redis/v9"
@@ -14,36 +16,144 @@ import (
 )
 
 func init() {
-	bus.RegisterBroker(bus.BrokerRedis, openBroker)
-	// go-redis prints connection trouble to stderr; the first bus.Open given
-	// a logger sends it to that logger instead, at Info: omnibus reports the
-	// failures themselves (a Warn per connection attempt, a line per failed
-	// delivery), go-redis's lines are the details.
+	bus.Register(bus.Transport{
+		Name:       bus.BrokerRedis,
+		Open:       openBroker,
+		Key:        SectionKey,
+		EnvPrefix:  "OMNIBUS_REDIS_",
+		NewSection: func() any { return new(Config) },
+		Defaults:   func(s any) { s.(*Config).setDefaults() },
+		Validate:   func(s any, _ bool) error { return s.(*Config).validate() },
+	})
+	// go-redis prints connection trouble to stderr; the first bus.OpenBroker
+	// given a logger sends it to that logger instead, at Info: omnibus
+	// reports the failures themselves (a Warn per connection attempt, a line
+	// per failed delivery), go-redis's lines are the details.
 	bus.NewLibraryLogger("go-redis", slog.LevelInfo, func(l *bus.LibraryLogger) { goredis.SetLogger(l.Context()) })
 }
 
-// redisBroker is the redis broker of bus.Open: one client shared by the
+// SectionKey is the YAML key of the redis section of a bus.Config; its
+// environment variables start with OMNIBUS_REDIS_.
+const SectionKey = "redis"
+
+// Defaults of Config.
+const (
+	// DefaultAddr is the Redis server of the redis section.
+	DefaultAddr = "127.0.0.1:6379"
+	// DefaultOrdering is the redis section's ordering: by partition key.
+	DefaultOrdering = OrderingKey
+)
+
+// The values of Config.Ordering.
+const (
+	// OrderingKey hands out the entries of one partition key one at a time
+	// (SubscriberConfig.OrderByKey).
+	OrderingKey = "key"
+	// OrderingNone hands out entries as they come.
+	OrderingNone = "none"
+)
+
+// Config is the redis section of the omnibus configuration (redis: in the
+// YAML file, OMNIBUS_REDIS_* variables; docs/configuration.md lists the
+// keys): the connection of the redis broker and how it uses streams. Read
+// it from a bus.Config with Section and set it with SetSection.
+type Config struct {
+	// Addr is host:port. Default DefaultAddr.
+	Addr string `yaml:"addr"`
+	// Username and Password authenticate (Redis ACL); the password is
+	// redacted when printed.
+	Username string `yaml:"username"`
+	Password string `yaml:"password" secret:"true"`
+	// DB selects the database. Default 0.
+	DB int `yaml:"db"`
+	// TLS turns TLS on; setting TLSCAFile or TLSServerName turns it on too.
+	TLS bool `yaml:"tls"`
+	// TLSCAFile is a PEM file of the certificate authorities that verify the
+	// server; empty means the system roots.
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// TLSServerName is checked against the server's certificate instead of
+	// the host of Addr.
+	TLSServerName string `yaml:"tls_server_name"`
+	// StreamPrefix is prepended to a topic to name its stream. Default none.
+	StreamPrefix string `yaml:"stream_prefix"`
+	// MaxLen trims streams to about this many entries (MAXLEN ~); 0 (the
+	// default) never trims. Trimming ignores consumer groups: see the package
+	// documentation before turning it on.
+	MaxLen int64 `yaml:"max_len"`
+	// Ordering is OrderingKey (entries of one partition key are handed out
+	// one at a time, in stream order, within a subscription) or
+	// OrderingNone. Default DefaultOrdering.
+	Ordering string `yaml:"ordering"`
+}
+
+// Section returns the redis section of cfg (a copy: change it with
+// SetSection).
+func Section(cfg bus.Config) Config { return *cfg.Section(SectionKey).(*Config) }
+
+// SetSection sets the redis section of cfg to s.
+func SetSection(cfg *bus.Config, s Config) { cfg.SetSection(SectionKey, &s) }
+
+func (c *Config) setDefaults() {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.Ordering == "" {
+		c.Ordering = DefaultOrdering
+	}
+}
+
+// tlsConfig returns the TLS settings of the section: nil when TLS is off.
+func (c Config) tlsConfig() (*tls.Config, error) {
+	var base *tls.Config
+	if c.TLS {
+		base = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return tlsConfigFrom(base, c.TLSCAFile, c.TLSServerName)
+}
+
+// validate checks the section (defaults applied) with the keys as field
+// names.
+func (c *Config) validate() error {
+	ck := &bus.Check{}
+	ck.HostPort("addr", c.Addr)
+	ck.NotNegative("db", int64(c.DB))
+	ck.NotNegative("max_len", c.MaxLen)
+	ck.OneOf("ordering", c.Ordering, OrderingKey, OrderingNone)
+	if ce := (*bus.ConfigError)(nil); errors.As(c.checkCAFile(), &ce) {
+		ck.Fail("tls_ca_file", "%s", ce.Reason)
+	}
+	if n := c.TLSServerName; n != "" {
+		if _, _, err := net.SplitHostPort(n); err == nil || strings.ContainsAny(n, " \t/") {
+			ck.Fail("tls_server_name", "%q is not a host name (no port, scheme or spaces)", n)
+		}
+	}
+	return ck.Err()
+}
+
+// checkCAFile reads TLSCAFile as the connection will.
+func (c Config) checkCAFile() error {
+	_, err := tlsConfigFrom(nil, c.TLSCAFile, "")
+	return err
+}
+
+// redisBroker is the redis broker of bus.OpenBroker: one client shared by the
 // Publisher and every Subscriber (opened, pinged and closed by the broker).
 // TLS is on when redis.tls, redis.tls_ca_file or redis.tls_server_name is
 // set.
 // With redis.ordering "key" (the default) subscribers hand out the entries of
 // one partition key one at a time, in stream order.
 type redisBroker struct {
-	cfg    bus.Config
+	cfg    Config
 	client *goredis.Client
 	pub    *Publisher
 	logger *slog.Logger
 }
 
 func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.Broker, error) {
-	r := cfg.Redis
+	r := Section(cfg)
 	opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
-	var base *tls.Config
-	if r.TLS {
-		base = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	tlsCfg, err := tlsConfigFrom(base, r.TLSCAFile, r.TLSServerName)
-	if ce := (*ConfigError)(nil); errors.As(err, &ce) {
+	tlsCfg, err := r.tlsConfig()
+	if ce := (*bus.ConfigError)(nil); errors.As(err, &ce) {
 		return nil, &bus.ConfigError{Field: "redis.tls_ca_file", Reason: ce.Reason}
 	} else if err != nil {
 		return nil, err
@@ -52,9 +162,9 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 	client := goredis.NewClient(opts)
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
-		// Transient when Redis cannot be reached: bus.Open then keeps
+		// Transient when Redis cannot be reached: bus.OpenBroker then keeps
 		// connecting in the background. Credentials or a certificate Redis
-		// or we refuse are a configuration error at start: Open fails at
+		// or we refuse are a configuration error at start: OpenBroker fails at
 		// once (as for PostgreSQL), instead of retrying what only an
 		// operator can fix. While running, the same errors are an outage
 		// (transient), see isTransient.
@@ -69,7 +179,7 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 		_ = client.Close()
 		return nil, err
 	}
-	return &redisBroker{cfg: cfg, client: client, pub: pub, logger: logger}, nil
+	return &redisBroker{cfg: r, client: client, pub: pub, logger: logger}, nil
 }
 
 func (b *redisBroker) Publisher() message.Publisher { return b.pub }
@@ -77,9 +187,9 @@ func (b *redisBroker) Publisher() message.Publisher { return b.pub }
 func (b *redisBroker) Subscriber(group string) (message.Subscriber, error) {
 	return NewSubscriber(SubscriberConfig{
 		Client:        b.client,
-		StreamPrefix:  b.cfg.Redis.StreamPrefix,
+		StreamPrefix:  b.cfg.StreamPrefix,
 		ConsumerGroup: group,
-		OrderByKey:    b.cfg.Redis.Ordering != "none",
+		OrderByKey:    b.cfg.Ordering != OrderingNone,
 	}, b.logger)
 }
 

@@ -155,7 +155,7 @@ func TestTLSAndACL_CAFileAndServerNameConnect(t *testing.T) {
 }
 
 // TestTLSAndACL_BrokerMapsTheRedisSection opens the redis broker of
-// bus.Open with redis.tls_ca_file and redis.tls_server_name (and no
+// bus.OpenBroker with redis.tls_ca_file and redis.tls_server_name (and no
 // redis.tls: setting them turns TLS on) and publishes through it; with a
 // wrong password Open fails without showing it.
 func TestTLSAndACL_BrokerMapsTheRedisSection(t *testing.T) {
@@ -163,26 +163,25 @@ func TestTLSAndACL_BrokerMapsTheRedisSection(t *testing.T) {
 	srv := startTLSRedis(t)
 	ctx := context.Background()
 	cfg := bus.Config{Broker: bus.BrokerRedis}
-	cfg.Redis.Addr = srv.addr
-	cfg.Redis.Username = aclUser
-	cfg.Redis.Password = aclPassword
-	cfg.Redis.TLSCAFile = srv.caFile
-	cfg.Redis.TLSServerName = tlsServerName
+	rc := omniredis.Config{Addr: srv.addr, Username: aclUser, Password: aclPassword, TLSCAFile: srv.caFile, TLSServerName: tlsServerName}
+	omniredis.SetSection(&cfg, rc)
 
-	b, err := bus.Open(ctx, cfg)
+	b, err := bus.OpenBroker(ctx, cfg)
 	require.NoError(t, err, "open the redis broker over TLS")
 	require.NoError(t, b.Publisher().Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x"))))
 	require.NoError(t, b.Close())
 
-	cfg.Redis.Password = "not-the-" + aclPassword
-	_, err = bus.Open(ctx, cfg)
+	rc.Password = "not-the-" + aclPassword
+	omniredis.SetSection(&cfg, rc)
+	_, err = bus.OpenBroker(ctx, cfg)
 	require.Error(t, err)
 	assert.True(t, goredis.IsAuthError(err), "a wrong password must fail as an auth error: %v", err)
 	assert.NotContains(t, err.Error(), aclPassword, "the error shows a password")
 
-	cfg.Redis.Password = aclPassword
-	cfg.Redis.TLSServerName = "other.omnibus.test"
-	_, err = bus.Open(ctx, cfg)
+	rc.Password = aclPassword
+	rc.TLSServerName = "other.omnibus.test"
+	omniredis.SetSection(&cfg, rc)
+	_, err = bus.OpenBroker(ctx, cfg)
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "other.omnibus.test")
 }
@@ -201,7 +200,7 @@ func TestConfig_TLSCAFileMustHoldACertificate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			_, err := omniredis.NewPublisher(omniredis.PublisherConfig{Addr: "127.0.0.1:1", TLSCAFile: tc.file}, nil)
-			var ce *omniredis.ConfigError
+			var ce *bus.ConfigError
 			require.True(t, errors.As(err, &ce), "want a *ConfigError, got %v", err)
 			assert.Equal(t, "TLSCAFile", ce.Field)
 			assert.Contains(t, ce.Reason, tc.reason)

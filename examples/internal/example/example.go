@@ -38,6 +38,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
 const (
@@ -148,12 +149,13 @@ func Config(edit func(*bus.Config)) (bus.Config, error) {
 	if edit != nil {
 		edit(&cfg)
 	}
-	if cfg.Broker == bus.BrokerKafka && len(cfg.Kafka.Brokers) == 0 {
+	if k := kafka.Section(cfg); cfg.Broker == bus.BrokerKafka && len(k.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 		if err != nil {
 			return cfg, fmt.Errorf("start in-process Kafka: %w", err)
 		}
-		cfg.Kafka.Brokers = cluster.ListenAddrs()
+		k.Brokers = cluster.ListenAddrs()
+		kafka.SetSection(&cfg, k)
 		fmt.Printf("OMNIBUS_KAFKA_BROKERS is not set: started an in-process Kafka (kfake)\n")
 	}
 	return cfg, cfg.Validate()

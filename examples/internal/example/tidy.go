@@ -100,7 +100,7 @@ func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 	cfg = cfg.WithDefaults()
 	switch cfg.Broker {
 	case bus.BrokerRedis:
-		r := cfg.Redis
+		r := redis.Section(cfg)
 		opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
 		if r.TLS {
 			opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}

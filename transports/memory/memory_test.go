@@ -1,6 +1,8 @@
-package bus
+package memory
 
 import (
+	"github.com/omnibus-go/omnibus/bus"
+
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +18,7 @@ import (
 func memMsg(key string, seq int) *message.Message {
 	m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "%s-%d", key, seq))
 	if key != "" {
-		SetPartitionKey(m, key)
+		bus.SetPartitionKey(m, key)
 	}
 	return m
 }
@@ -33,7 +35,7 @@ func receive(t *testing.T, ctx context.Context, ch <-chan *message.Message) *mes
 	}
 }
 
-func memSub(t *testing.T, b *MemoryBroker, group, topic string, ctx context.Context) <-chan *message.Message {
+func memSub(t *testing.T, b *Broker, group, topic string, ctx context.Context) <-chan *message.Message {
 	t.Helper()
 	s, err := b.Subscriber(group)
 	require.NoError(t, err)
@@ -47,7 +49,7 @@ func TestMemory_EveryGroupReceivesEveryMessageHeldUntilSubscribed(t *testing.T) 
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	defer b.Close()
 	// Published before anyone subscribed: held for the first groups, and
 	// for a while after every group known acked them.
@@ -58,9 +60,9 @@ func TestMemory_EveryGroupReceivesEveryMessageHeldUntilSubscribed(t *testing.T) 
 		for range 2 {
 			m := receive(t, ctx, ch)
 			got[string(m.Payload)] = true
-			d, ok := DeliveryOf(m)
+			d, ok := bus.DeliveryOf(m)
 			require.True(t, ok)
-			assert.Equal(t, MemorySource, d.Source)
+			assert.Equal(t, Source, d.Source)
 			assert.Equal(t, "t", d.Topic)
 			m.Ack()
 		}
@@ -72,7 +74,7 @@ func TestMemory_OneKeyAtATimeInOrderAndANackedHeadHoldsItsKey(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	defer b.Close()
 	ch := memSub(t, b, "g", "t", ctx)
 	require.NoError(t, b.Publish("t", memMsg("k", 0), memMsg("k", 1), memMsg("other", 0)))
@@ -84,22 +86,22 @@ func TestMemory_OneKeyAtATimeInOrderAndANackedHeadHoldsItsKey(t *testing.T) {
 	second.Ack()
 
 	// A transient failure: delivered again, ahead of k-1, no attempt spent.
-	d, _ := DeliveryOf(first)
+	d, _ := bus.DeliveryOf(first)
 	assert.Equal(t, 0, d.Attempts)
-	Settle(first, Settlement{Class: ClassTransient, RetryAt: time.Now()})
+	bus.Settle(first, bus.Settlement{Class: bus.ClassTransient, RetryAt: time.Now()})
 	first.Nack()
 	again := receive(t, ctx, ch)
 	assert.Equal(t, "k-0", string(again.Payload), "the nacked head comes back before the rest of its key")
-	d, _ = DeliveryOf(again)
+	d, _ = bus.DeliveryOf(again)
 	assert.Equal(t, 0, d.Attempts, "transient failures spend no attempt")
 	assert.Equal(t, first.UUID, again.UUID)
 
 	// A counted failure spends one.
-	Settle(again, Settlement{Class: ClassCounted, RetryAt: time.Now()})
+	bus.Settle(again, bus.Settlement{Class: bus.ClassCounted, RetryAt: time.Now()})
 	again.Nack()
 	third := receive(t, ctx, ch)
 	assert.Equal(t, "k-0", string(third.Payload))
-	d, _ = DeliveryOf(third)
+	d, _ = bus.DeliveryOf(third)
 	assert.Equal(t, 1, d.Attempts)
 	third.Ack()
 	assert.Equal(t, "k-1", string(receive(t, ctx, ch).Payload))
@@ -109,12 +111,12 @@ func TestMemory_GivingUpDropsTheMessageAndReleasesItsKey(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	defer b.Close()
 	ch := memSub(t, b, "g", "t", ctx)
 	require.NoError(t, b.Publish("t", memMsg("k", 0), memMsg("k", 1)))
 	m := receive(t, ctx, ch)
-	Settle(m, Settlement{Class: ClassPermanent, GiveUp: true, Error: "poison"})
+	bus.Settle(m, bus.Settlement{Class: bus.ClassPermanent, GiveUp: true, Error: "poison"})
 	m.Nack()
 	next := receive(t, ctx, ch)
 	assert.Equal(t, "k-1", string(next.Payload))
@@ -125,7 +127,7 @@ func TestMemory_SubscriptionsOfAGroupShareItsMessages(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	defer b.Close()
 	ch1 := memSub(t, b, "g", "t", ctx)
 	ch2 := memSub(t, b, "g", "t", ctx)
@@ -152,7 +154,7 @@ func TestMemory_AMessageInFlightWhenItsSubscriptionEndsIsHandedOutAgain(t *testi
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	defer b.Close()
 	s1, err := b.Subscriber("g")
 	require.NoError(t, err)
@@ -173,7 +175,7 @@ func TestMemory_AckedMessagesAreDropped(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	b.retention = 0
 	defer b.Close()
 	ch := memSub(t, b, "g", "t", ctx)
@@ -190,7 +192,7 @@ func TestMemory_AckedMessagesAreDropped(t *testing.T) {
 	}, 5*time.Second, time.Millisecond, "the log is trimmed once every group acked")
 
 	// With the default retention, acked messages stay for a late group.
-	b2 := NewMemoryBroker(nil)
+	b2 := NewBroker(nil)
 	defer b2.Close()
 	ch = memSub(t, b2, "early", "t", ctx)
 	require.NoError(t, b2.Publish("t", memMsg("", 0)))
@@ -206,7 +208,7 @@ func TestMemory_AckedMessagesAreDropped(t *testing.T) {
 
 func TestMemory_Closed(t *testing.T) {
 	t.Parallel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	s, err := b.Subscriber("g")
 	require.NoError(t, err)
 	ch, err := s.Subscribe(context.Background(), "t")
@@ -215,9 +217,9 @@ func TestMemory_Closed(t *testing.T) {
 	require.NoError(t, b.Close())
 	_, open := <-ch
 	assert.False(t, open)
-	assert.True(t, errors.Is(b.Publish("t", memMsg("", 0)), ErrMemoryClosed))
+	assert.True(t, errors.Is(b.Publish("t", memMsg("", 0)), ErrClosed))
 	_, err = s.Subscribe(context.Background(), "t")
-	assert.ErrorIs(t, err, ErrMemoryClosed)
+	assert.ErrorIs(t, err, ErrClosed)
 	_, err = b.Subscriber("")
 	assert.Error(t, err)
 }

@@ -1,4 +1,4 @@
-package bus
+package memory
 
 import (
 	"context"
@@ -9,35 +9,40 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/omnibus-go/omnibus/bus"
 )
 
 func init() {
-	RegisterBroker(BrokerMemory, func(_ context.Context, _ Config, logger *slog.Logger) (Broker, error) {
-		return NewMemoryBroker(logger), nil
+	bus.Register(bus.Transport{
+		Name: bus.BrokerMemory,
+		Open: func(_ context.Context, _ bus.Config, logger *slog.Logger) (bus.Broker, error) {
+			return NewBroker(logger), nil
+		},
 	})
 }
 
 // Defaults of the memory broker.
 const (
-	// MemoryMaxInFlight is how many messages of a topic one consumer group
+	// MaxInFlight is how many messages of a topic one consumer group
 	// holds at once: handed out, waiting behind their key or waiting for a
 	// retry.
-	MemoryMaxInFlight = 256
-	// MemoryNackDelay is the pause before a nacked message is handed out
+	MaxInFlight = 256
+	// NackDelay is the pause before a nacked message is handed out
 	// again when its settlement names no retry time.
-	MemoryNackDelay = 100 * time.Millisecond
-	// MemorySource is the bus.Delivery Source of the memory broker's messages.
-	MemorySource = "memory"
-	// MemoryRetention is how long a message is kept after it was published,
+	NackDelay = 100 * time.Millisecond
+	// Source is the bus.Delivery Source of the memory broker's messages.
+	Source = "memory"
+	// Retention is how long a message is kept after it was published,
 	// even when every group acked it, so that a group subscribing a little
 	// later (a router starts its handlers concurrently) still receives it.
-	MemoryRetention = time.Minute
+	Retention = time.Minute
 )
 
-// ErrMemoryClosed is returned by the memory broker after Close.
-var ErrMemoryClosed = errors.New("memory broker: closed")
+// ErrClosed is returned by the memory broker after Close.
+var ErrClosed = errors.New("memory broker: closed")
 
-// MemoryBroker is the in-process broker registered as "memory": for tests,
+// Broker is the in-process broker registered as "memory": for tests,
 // demos and single-process services. It is not shared between processes.
 //
 // Each topic is a log held in memory. Every consumer group receives every
@@ -45,18 +50,18 @@ var ErrMemoryClosed = errors.New("memory broker: closed")
 // subscriptions. Messages of one partition key are handed out one at a time,
 // in publish order (the next after the previous is acked); different keys
 // go out concurrently. A nacked message is handed out again after its
-// bus.Settlement's retry time (MemoryNackDelay without one), still ahead of
+// bus.Settlement's retry time (NackDelay without one), still ahead of
 // the later messages of its key, and a counted failure spends an attempt
 // (bus.Delivery.Attempts); a settlement that gives up drops the message with
-// an error log (there is no dead-letter queue). Delivery is at least once:
+// an error log (there is no dead-letter queue). bus.Delivery is at least once:
 // a message in flight when its subscription ends is handed out again.
 //
-// A message is held for MemoryRetention after it was published, and longer
+// A message is held for Retention after it was published, and longer
 // until every consumer group that has subscribed to its topic acked it. A
 // group that subscribes for the first time starts at the oldest message
 // still held, so the groups of a service that starts together all see the
 // same messages.
-type MemoryBroker struct {
+type Broker struct {
 	logger    *slog.Logger
 	retention time.Duration
 	closing   chan struct{}
@@ -95,12 +100,12 @@ type memItem struct {
 	first    time.Time
 }
 
-// NewMemoryBroker returns an empty memory broker. A nil logger means no
+// NewBroker returns an empty memory broker. A nil logger means no
 // logging.
-func NewMemoryBroker(logger *slog.Logger) *MemoryBroker {
-	return &MemoryBroker{
-		logger:    LoggerOrNop(logger),
-		retention: MemoryRetention,
+func NewBroker(logger *slog.Logger) *Broker {
+	return &Broker{
+		logger:    bus.LoggerOrNop(logger),
+		retention: Retention,
 		closing:   make(chan struct{}),
 		topics:    map[string]*memTopic{},
 		timers:    map[*time.Timer]struct{}{},
@@ -108,19 +113,19 @@ func NewMemoryBroker(logger *slog.Logger) *MemoryBroker {
 }
 
 // Publisher returns the broker itself: Publish appends to the topic's log.
-func (b *MemoryBroker) Publisher() message.Publisher { return memPublisher{b} }
+func (b *Broker) Publisher() message.Publisher { return memPublisher{b} }
 
 // Subscriber returns a subscriber receiving as group.
-func (b *MemoryBroker) Subscriber(group string) (message.Subscriber, error) {
+func (b *Broker) Subscriber(group string) (message.Subscriber, error) {
 	if group == "" {
 		return nil, errors.New("memory broker: a subscriber needs a consumer group")
 	}
-	return &MemorySubscriber{b: b, group: group, stop: make(chan struct{})}, nil
+	return &Subscriber{b: b, group: group, stop: make(chan struct{})}, nil
 }
 
 // Close ends every subscription, drops every message and waits for the
 // broker's goroutines. It is idempotent.
-func (b *MemoryBroker) Close() error {
+func (b *Broker) Close() error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -139,11 +144,11 @@ func (b *MemoryBroker) Close() error {
 }
 
 // Publish appends copies of msgs to topic's log, in order, and returns.
-func (b *MemoryBroker) Publish(topic string, msgs ...*message.Message) error {
+func (b *Broker) Publish(topic string, msgs ...*message.Message) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return ErrMemoryClosed
+		return ErrClosed
 	}
 	t := b.topicLocked(topic)
 	now := time.Now()
@@ -158,7 +163,7 @@ func (b *MemoryBroker) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-type memPublisher struct{ b *MemoryBroker }
+type memPublisher struct{ b *Broker }
 
 func (p memPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return p.b.Publish(topic, msgs...)
@@ -167,7 +172,7 @@ func (p memPublisher) Publish(topic string, msgs ...*message.Message) error {
 // Close does nothing: the broker's Close ends it.
 func (memPublisher) Close() error { return nil }
 
-func (b *MemoryBroker) topicLocked(name string) *memTopic {
+func (b *Broker) topicLocked(name string) *memTopic {
 	t, ok := b.topics[name]
 	if !ok {
 		t = &memTopic{name: name, groups: map[string]*memGroup{}, retention: b.retention}
@@ -176,7 +181,7 @@ func (b *MemoryBroker) topicLocked(name string) *memTopic {
 	return t
 }
 
-func (b *MemoryBroker) groupLocked(topic, group string) *memGroup {
+func (b *Broker) groupLocked(topic, group string) *memGroup {
 	t := b.topicLocked(topic)
 	g, ok := t.groups[group]
 	if !ok {
@@ -197,11 +202,11 @@ func (t *memTopic) at(off int64) *message.Message { return t.log[off-t.base] }
 // ready, or waits behind an earlier message of its key.
 func (g *memGroup) pump() {
 	grew := false
-	for g.next < g.topic.base+int64(len(g.topic.log)) && g.held < MemoryMaxInFlight {
+	for g.next < g.topic.base+int64(len(g.topic.log)) && g.held < MaxInFlight {
 		it := memItem{off: g.next}
 		g.next++
 		g.held++
-		if key := PartitionKey(g.topic.at(it.off)); key != "" {
+		if key := bus.PartitionKey(g.topic.at(it.off)); key != "" {
 			if g.busy[key] {
 				g.parked[key] = append(g.parked[key], it)
 				continue
@@ -230,7 +235,7 @@ func (g *memGroup) done(it memItem) {
 		g.committed++
 	}
 	g.held--
-	if key := PartitionKey(g.topic.at(it.off)); key != "" {
+	if key := bus.PartitionKey(g.topic.at(it.off)); key != "" {
 		if q := g.parked[key]; len(q) > 0 {
 			g.ready = append(g.ready, q[0])
 			if len(q) == 1 {
@@ -274,9 +279,9 @@ func (t *memTopic) trim(cutoff time.Time) {
 	t.base += int64(n)
 }
 
-// MemorySubscriber receives from a MemoryBroker as one consumer group.
-type MemorySubscriber struct {
-	b     *MemoryBroker
+// Subscriber receives from a Broker as one consumer group.
+type Subscriber struct {
+	b     *Broker
 	group string
 
 	mu     sync.Mutex
@@ -287,11 +292,11 @@ type MemorySubscriber struct {
 
 // SubscribeInitialize registers the group on topic, so that the messages
 // published from now on are held for it even before it subscribes.
-func (s *MemorySubscriber) SubscribeInitialize(topic string) error {
+func (s *Subscriber) SubscribeInitialize(topic string) error {
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
 	if s.b.closed {
-		return ErrMemoryClosed
+		return ErrClosed
 	}
 	s.b.groupLocked(topic, s.group)
 	return nil
@@ -299,16 +304,16 @@ func (s *MemorySubscriber) SubscribeInitialize(topic string) error {
 
 // Subscribe starts a subscription of the group to topic. The channel is
 // closed when ctx ends, the subscriber or the broker is closed.
-func (s *MemorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, ErrMemoryClosed
+		return nil, ErrClosed
 	}
 	s.b.mu.Lock()
 	if s.b.closed {
 		s.b.mu.Unlock()
-		return nil, ErrMemoryClosed
+		return nil, ErrClosed
 	}
 	g := s.b.groupLocked(topic, s.group)
 	s.b.wg.Add(2)
@@ -337,7 +342,7 @@ func (s *MemorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	return out, nil
 }
 
-func (s *MemorySubscriber) run(ctx context.Context, g *memGroup, out chan<- *message.Message) {
+func (s *Subscriber) run(ctx context.Context, g *memGroup, out chan<- *message.Message) {
 	var waiters sync.WaitGroup
 	defer waiters.Wait()
 	for {
@@ -366,9 +371,9 @@ func (s *MemorySubscriber) run(ctx context.Context, g *memGroup, out chan<- *mes
 			it.first = now
 		}
 		mctx, mcancel := context.WithCancel(ctx)
-		msg.SetContext(WithDelivery(mctx, Delivery{
+		msg.SetContext(bus.WithDelivery(mctx, bus.Delivery{
 			Attempts: it.attempts, FirstDeliveredAt: it.first, DeliveredAt: now,
-			Source: MemorySource, Topic: g.topic.name, ID: strconv.FormatInt(it.off, 10), Offset: it.off,
+			Source: Source, Topic: g.topic.name, ID: strconv.FormatInt(it.off, 10), Offset: it.off,
 		}))
 		select {
 		case out <- msg:
@@ -395,7 +400,7 @@ func (s *MemorySubscriber) run(ctx context.Context, g *memGroup, out chan<- *mes
 
 // giveBack makes a message that was handed out but not settled ready again,
 // without spending an attempt.
-func (s *MemorySubscriber) giveBack(g *memGroup, it memItem) {
+func (s *Subscriber) giveBack(g *memGroup, it memItem) {
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
 	if s.b.closed {
@@ -406,7 +411,7 @@ func (s *MemorySubscriber) giveBack(g *memGroup, it memItem) {
 }
 
 // settle applies an ack (nacked nil) or a nack with its settlement.
-func (s *MemorySubscriber) settle(g *memGroup, it memItem, nacked *message.Message) {
+func (s *Subscriber) settle(g *memGroup, it memItem, nacked *message.Message) {
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
 	if s.b.closed {
@@ -416,17 +421,17 @@ func (s *MemorySubscriber) settle(g *memGroup, it memItem, nacked *message.Messa
 		g.done(it)
 		return
 	}
-	st, ok := SettlementOf(nacked)
+	st, ok := bus.SettlementOf(nacked)
 	if ok && st.GiveUp {
 		s.b.logger.Error("memory broker: giving up on message",
-			"topic", g.topic.name, "event_id", EventID(nacked), "attempts", it.attempts, "error", st.Error)
+			"topic", g.topic.name, "event_id", bus.EventID(nacked), "attempts", it.attempts, "error", st.Error)
 		g.done(it)
 		return
 	}
-	if !ok || st.Class != ClassTransient {
+	if !ok || st.Class != bus.ClassTransient {
 		it.attempts++
 	}
-	delay := MemoryNackDelay
+	delay := NackDelay
 	if ok && !st.RetryAt.IsZero() {
 		delay = max(time.Until(st.RetryAt), 0)
 	}
@@ -446,7 +451,7 @@ func (s *MemorySubscriber) settle(g *memGroup, it memItem, nacked *message.Messa
 
 // Close ends the subscriber's subscriptions and waits for them. Messages
 // they held are handed out again to the group. It is idempotent.
-func (s *MemorySubscriber) Close() error {
+func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	if !s.closed {
 		s.closed = true

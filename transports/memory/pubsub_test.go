@@ -1,4 +1,4 @@
-package bus
+package memory
 
 import (
 	"testing"
@@ -14,7 +14,7 @@ import (
 // set, so no guaranteed order; at least once.
 func TestMemory_UniversalPubSubSuite(t *testing.T) {
 	t.Parallel()
-	b := NewMemoryBroker(nil)
+	b := NewBroker(nil)
 	t.Cleanup(func() { _ = b.Close() })
 	newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		sub, err := b.Subscriber(group)
