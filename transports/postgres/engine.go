@@ -139,7 +139,7 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 	g, t, kk := laneArrays([]laneKey{k})
 	timeout := fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
+		if _, err := tx.Exec(ctx, e.q.lockTimeout, timeout); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, e.q.gateLanes, g, t, kk)
@@ -152,7 +152,7 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 		return fetchResult{}, false, fmt.Errorf("close the gate of a lane of %q: %w", e.q.table, err)
 	}
 	res, err = e.inTx(ctx, func(tx pgx.Tx) ([]leasedLane, error) {
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
+		if _, err := tx.Exec(ctx, e.q.lockTimeout, timeout); err != nil {
 			return nil, err
 		}
 		if _, err := tx.Exec(ctx, e.q.laneLock, k.group, k.topic, k.key); err != nil {
@@ -640,7 +640,7 @@ func minus(a, b []laneKey) []laneKey {
 func (e *engine) sweep(ctx context.Context) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
+		if _, err := tx.Exec(ctx, e.q.lockTimeout, "200ms"); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, e.q.sweep)
