@@ -245,7 +245,8 @@ func migrateTable(ctx context.Context, tx pgx.Tx, t Table) error {
 // Drop removes tables (at least one must be given) with everything Migrate
 // made for them: each table and its lanes table (their data, triggers and
 // indexes), their trigger functions, and their migration records, so that a
-// later Migrate starts over. Tables that do not exist are skipped. It runs in
+// later Migrate starts over. Tables that do not exist are skipped, and a
+// table's Kind does not matter. It runs in
 // one transaction under Migrate's advisory lock. It is for tests, demos and
 // tearing down an environment; it never runs on its own.
 func Drop(ctx context.Context, db Beginner, tables ...Table) error {
