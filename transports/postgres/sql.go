@@ -22,7 +22,7 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 // that come from outside, and they are validated and quoted (ident.go); every
 // other placeholder is one of two fixed texts, chosen by whether the table is
 // an inbox (whose rows carry a consumer group; an outbox's rows do not, and
-// its lanes all belong to the group ”) and whether an Admin is restricted to
+// its lanes all belong to the empty group) and whether an Admin is restricted to
 // one consumer group.
 //
 //	{T} {L} {M}     the table, its lanes table, the migrations bookkeeping
