@@ -184,26 +184,32 @@ func Migrate(ctx context.Context, db Beginner, tables ...Table) error {
 	if len(tables) == 0 {
 		tables = DefaultTables()
 	}
+	return underMigrationLock(ctx, db, "migrate", tables, migrateTable)
+}
+
+// underMigrationLock validates tables, then runs each for every table in one
+// transaction that holds Migrate's advisory lock; op names the work in errors.
+func underMigrationLock(ctx context.Context, db Beginner, op string, tables []Table, each func(context.Context, pgx.Tx, Table) error) error {
 	for _, t := range tables {
 		if _, err := t.parse(); err != nil {
-			return fmt.Errorf("migrate: %w", err)
+			return fmt.Errorf("%s: %w", op, err)
 		}
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: begin: %w", err)
+		return fmt.Errorf("%s: begin: %w", op, err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, fixedSQL("MigrationLock"), migrationLockID); err != nil {
-		return fmt.Errorf("migrate: take advisory lock: %w", err)
+		return fmt.Errorf("%s: take advisory lock: %w", op, err)
 	}
 	for _, t := range tables {
-		if err := migrateTable(ctx, tx, t); err != nil {
+		if err := each(ctx, tx, t); err != nil {
 			return err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("migrate: commit: %w", err)
+		return fmt.Errorf("%s: commit: %w", op, err)
 	}
 	return nil
 }
@@ -253,42 +259,28 @@ func Drop(ctx context.Context, db Beginner, tables ...Table) error {
 	if len(tables) == 0 {
 		return errors.New("drop: no tables given")
 	}
-	for _, t := range tables {
-		if _, err := t.parse(); err != nil {
-			return fmt.Errorf("drop: %w", err)
-		}
+	return underMigrationLock(ctx, db, "drop", tables, dropTable)
+}
+
+func dropTable(ctx context.Context, tx pgx.Tx, t Table) error {
+	tn, _ := t.parse()
+	r := vocab{t: tn, inbox: t.Kind == KindInbox}.renderer()
+	if _, err := tx.Exec(ctx, r.sql("DropTables")); err != nil {
+		return fmt.Errorf("drop %q: %w", t.Name, err)
 	}
-	tx, err := db.Begin(ctx)
+	if _, err := tx.Exec(ctx, r.sql("DropFunctions")); err != nil {
+		return fmt.Errorf("drop %q: trigger functions: %w", t.Name, err)
+	}
+	var booked bool
+	err := tx.QueryRow(ctx, r.sql("SchemaObjects"), tn.quoted(), tn.derived("_lanes").quoted(), migrationsBook(tn)).
+		Scan(new(bool), &booked)
 	if err != nil {
-		return fmt.Errorf("drop: begin: %w", err)
+		return fmt.Errorf("drop %q: %w", t.Name, err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, fixedSQL("MigrationLock"), migrationLockID); err != nil {
-		return fmt.Errorf("drop: take advisory lock: %w", err)
-	}
-	for _, t := range tables {
-		tn, _ := t.parse()
-		r := vocab{t: tn, inbox: t.Kind == KindInbox}.renderer()
-		if _, err := tx.Exec(ctx, r.sql("DropTables")); err != nil {
-			return fmt.Errorf("drop %q: %w", t.Name, err)
+	if booked {
+		if _, err := tx.Exec(ctx, r.sql("ForgetMigrations"), tn.name); err != nil {
+			return fmt.Errorf("drop %q: migration records: %w", t.Name, err)
 		}
-		if _, err := tx.Exec(ctx, r.sql("DropFunctions")); err != nil {
-			return fmt.Errorf("drop %q: trigger functions: %w", t.Name, err)
-		}
-		var booked bool
-		err := tx.QueryRow(ctx, r.sql("SchemaObjects"), tn.quoted(), tn.derived("_lanes").quoted(), migrationsBook(tn)).
-			Scan(new(bool), &booked)
-		if err != nil {
-			return fmt.Errorf("drop %q: %w", t.Name, err)
-		}
-		if booked {
-			if _, err := tx.Exec(ctx, r.sql("ForgetMigrations"), tn.name); err != nil {
-				return fmt.Errorf("drop %q: migration records: %w", t.Name, err)
-			}
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("drop: commit: %w", err)
 	}
 	return nil
 }

@@ -39,6 +39,7 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //	{GL_T}          admin, inbox: rows t belong to the group of lane l
 //	{GCOL} {MSGID}  admin: a row's group and message id ('' for the outbox)
 //	{COMPLETED}     console: the CompletedCapped or CompletedNotCounted fragment
+//	{KEY_COUNTS}    admin, console: the KeyCounts fragment
 //	{FILTER}        admin: where a FailedFilter's conditions go, per call
 //	{SCHEMA}        CreateSchema: the table's schema (quoted)
 //	{CHANNEL}       Listen, Unlisten: a table's channel (quoted)
@@ -89,7 +90,10 @@ func (v vocab) replacer() *strings.Replacer {
 	if v.byGroup {
 		completed = "CompletedNotCounted"
 	}
-	kv = append(kv, "{COMPLETED}", strings.NewReplacer(kv...).Replace(statements.Block(completed).SQL))
+	fragments := strings.NewReplacer(kv...)
+	kv = append(kv,
+		"{COMPLETED}", fragments.Replace(statements.Block(completed).SQL),
+		"{KEY_COUNTS}", fragments.Replace(statements.Block("KeyCounts").SQL))
 	return strings.NewReplacer(kv...)
 }
 

@@ -6,8 +6,7 @@
 -- name: Stats
 -- One statement, so every figure comes from the same snapshot and the same
 -- now(). "In line" and "due" use the definitions of the fetch: an expired
--- lease is no lease. The held-keys count looks at each lane's first in-line
--- row (the key's head) through the per-key index.
+-- lease is no lease. The key counts are the KeyCounts fragment.
 WITH r AS (
     SELECT count(*) FILTER (WHERE t.status = 'pending') AS pending,
            count(*) FILTER (WHERE t.status = 'pending' AND t.scheduled_at <= now()
@@ -20,24 +19,31 @@ WITH r AS (
     FROM {T} t
     WHERE true{GROUP_T}
 ), k AS (
-    SELECT count(*) AS lanes,
-           count(*) FILTER (WHERE l.blocked) AS blocked,
-           count(*) FILTER (WHERE h.held) AS held
-    FROM {L} l
-    LEFT JOIN LATERAL (
-        SELECT t.last_error IS NOT NULL AND t.scheduled_at > now() AS held
-        FROM {T} t
-        WHERE t.topic = l.topic AND t.partition_key = l.partition_key{GL_T}
-          AND t.status = 'pending'
-          AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-        ORDER BY t.id
-        LIMIT 1
-    ) h ON true
-    WHERE true{GROUP_L}
+    {KEY_COUNTS}
 )
 SELECT r.pending, r.due, r.leased, r.expired, r.failed, r.completed, r.oldest, now(),
        k.lanes, k.blocked, k.held
 FROM r, k
+
+-- fragment: KeyCounts
+-- {KEY_COUNTS} of Stats and Overview: the keys with pending rows (lanes),
+-- those frozen by the Block policy, and those held: the key's first in-line
+-- row (its head, read through the per-key index) was tried and waits for its
+-- retry.
+SELECT count(*) AS lanes,
+       count(*) FILTER (WHERE l.blocked) AS blocked,
+       count(*) FILTER (WHERE h.held) AS held
+FROM {L} l
+LEFT JOIN LATERAL (
+    SELECT t.last_error IS NOT NULL AND t.scheduled_at > now() AS held
+    FROM {T} t
+    WHERE t.topic = l.topic AND t.partition_key = l.partition_key{GL_T}
+      AND t.status = 'pending'
+      AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
+    ORDER BY t.id
+    LIMIT 1
+) h ON true
+WHERE true{GROUP_L}
 
 -- name: ListFailed
 -- ListFailed and ListFailedMatching: the failed rows after @after, @limit at

@@ -25,20 +25,7 @@ WITH p AS (
 ), f AS (
     SELECT count(*) AS failed FROM {T} t WHERE t.status = 'failed'{GROUP_T}
 ), k AS (
-    SELECT count(*) AS lanes,
-           count(*) FILTER (WHERE l.blocked) AS blocked,
-           count(*) FILTER (WHERE h.held) AS held
-    FROM {L} l
-    LEFT JOIN LATERAL (
-        SELECT t.last_error IS NOT NULL AND t.scheduled_at > now() AS held
-        FROM {T} t
-        WHERE t.topic = l.topic AND t.partition_key = l.partition_key{GL_T}
-          AND t.status = 'pending'
-          AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-        ORDER BY t.id
-        LIMIT 1
-    ) h ON true
-    WHERE true{GROUP_L}
+    {KEY_COUNTS}
 )
 SELECT p.pending, p.due, p.leased, p.expired, p.delayed, p.retrying, p.oldest, now(), f.failed,
        {COMPLETED},
