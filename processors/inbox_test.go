@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -500,7 +501,8 @@ type countingTracer struct {
 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if len(data.Args) == 9 {
+	// The inbox insert: its second argument is the message ids.
+	if strings.HasPrefix(data.SQL, "INSERT INTO") && len(data.Args) > 1 {
 		if ids, ok := data.Args[1].([]string); ok {
 			c.mu.Lock()
 			c.inserts = append(c.inserts, len(ids))

@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -216,7 +215,7 @@ deleted so far.`,
 			if olderThan < 0 {
 				return usagef("--older-than must not be negative, got %s", olderThan)
 			}
-			return withAdmin(cmd.Context(), func(cfg bus.Config, pool *pgxpool.Pool, adm *postgres.Admin) error {
+			return withAdmin(cmd.Context(), func(cfg bus.Config, _ *pgxpool.Pool, adm *postgres.Admin) error {
 				ctx := cmd.Context()
 				age := olderThan
 				if !cmd.Flags().Changed("older-than") {
@@ -225,9 +224,9 @@ deleted so far.`,
 						age = cfg.Inbox.Retention
 					}
 				}
-				total, err := countCompleted(ctx, pool, adm, age)
+				total, err := adm.CountCompletedOlderThan(ctx, age)
 				if err != nil {
-					return err
+					return fmt.Errorf("count completed rows of %s: %w", describe(adm), err)
 				}
 				p := newProgress(a.stderr, "cleanup", "rows", total)
 				n, err := adm.Cleanup(ctx, age, cleanBatch, p.update)
@@ -292,22 +291,6 @@ func describe(adm *postgres.Admin) string {
 		return fmt.Sprintf("%s (group %s)", adm.Table().Name, g)
 	}
 	return adm.Table().Name
-}
-
-// countCompleted counts the rows cleanup will delete, for its progress bar.
-func countCompleted(ctx context.Context, pool *pgxpool.Pool, adm *postgres.Admin, age time.Duration) (int64, error) {
-	table := pgx.Identifier(strings.Split(adm.Table().Name, ".")).Sanitize()
-	sql := `SELECT count(*) FROM ` + table + ` WHERE status = 'completed' AND completed_at < now() - $1::interval`
-	args := []any{fmt.Sprintf("%d microseconds", age.Microseconds())}
-	if g := adm.ConsumerGroup(); g != "" {
-		sql += ` AND consumer_group = $2`
-		args = append(args, g)
-	}
-	var n int64
-	if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count completed rows of %s: %w", describe(adm), err)
-	}
-	return n, nil
 }
 
 // formatAge renders a duration to the second ("-" for none).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/sqlfile"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -130,7 +132,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	cfg.Retry = bus.RetryConfig{Base: 100 * time.Millisecond, Cap: time.Second, TransientDelay: 200 * time.Millisecond}
 	cfg.Relay.PollInterval = 100 * time.Millisecond
 	cfg.Relay.CloseTimeout = 5 * time.Second
-	ordersTable := o.prefix + "_orders"
+	orders := newDemoOrders(o.prefix + "_orders")
 	topic := "omnibus_demo_orders_" + randomHex(4)
 	kcfg := kafka.Section(cfg)
 	externalKafka := cfg.Broker == bus.BrokerKafka && len(kcfg.Brokers) > 0
@@ -161,7 +163,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		return fmt.Errorf("%w\nomnibus demo needs a reachable PostgreSQL: start one with `make services` or set postgres.url (OMNIBUS_POSTGRES_URL)", err)
 	}
 	defer pool.Close()
-	if err := resetDemoTables(ctx, pool, cfg, ordersTable); err != nil {
+	if err := resetDemoTables(ctx, pool, cfg, orders); err != nil {
 		return err
 	}
 	// Runs after the Bus and the processors are closed (deferred later), before
@@ -176,10 +178,10 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		defer cancel()
 		// DDL can meet a deadlock with other sessions' DDL (another demo, a
 		// migration): try again a few times before giving up.
-		err := dropDemoTables(cctx, pool, cfg, ordersTable)
+		err := dropDemoTables(cctx, pool, cfg, orders)
 		for try := 1; err != nil && try < 5 && bus.ClassOf(postgres.ClassifyError(err)) == bus.ClassTransient; try++ {
 			time.Sleep(time.Duration(try) * 100 * time.Millisecond)
-			err = dropDemoTables(cctx, pool, cfg, ordersTable)
+			err = dropDemoTables(cctx, pool, cfg, orders)
 		}
 		if err != nil {
 			fmt.Fprintf(a.stderr, "omnibus demo: %v\n", err)
@@ -207,7 +209,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		o.orders, o.orders*len(demoSteps), cfg.Broker, topic)
 
 	// 1. The service writes each order change and its event in one transaction.
-	written, dupes, err := writeDemoOrders(ctx, b, ordersTable, topic, o)
+	written, dupes, err := writeDemoOrders(ctx, b, orders, topic, o)
 	if err != nil {
 		return err
 	}
@@ -246,7 +248,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	for _, step := range demoSteps {
 		processors.Handle(disp, "order."+step, func(ctx context.Context, ev demoEvent, msg *message.Message) error {
 			tx, _ := postgres.TxFromContext(ctx)
-			if _, err := tx.Exec(ctx, `UPDATE `+ordersTable+` SET handled = array_append(handled, $2) WHERE id = $1`, ev.Order, ev.Step); err != nil {
+			if _, err := tx.Exec(ctx, orders.appendHandled, ev.Order, ev.Step); err != nil {
 				return err
 			}
 			d, _ := bus.DeliveryOf(msg)
@@ -273,7 +275,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	// (as brokers do after a crash or a rebalance); the inbox drops them.
 	total := int64(len(written))
 	if err := waitFor(ctx, "relay", func() (bool, error) {
-		n, err := countRows(ctx, pool, cfg.Outbox.Table, "completed")
+		n, err := countCompleted(ctx, pool, postgres.OutboxTable(cfg.Outbox.Table))
 		return n >= total, err
 	}); err != nil {
 		return a.demoFailed(err, stopRouter, routerDone)
@@ -297,7 +299,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		if counters.received.Load() < total+int64(len(dupes)) {
 			return false, nil
 		}
-		n, err := countRows(ctx, pool, cfg.Inbox.Table, "completed")
+		n, err := countCompleted(ctx, pool, postgres.InboxTable(cfg.Inbox.Table))
 		return n >= total, err
 	}); err != nil {
 		return a.demoFailed(err, stopRouter, routerDone)
@@ -308,7 +310,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	}
 
 	// 4. The summary, from the database.
-	s, err := demoSummary(ctx, pool, cfg, ordersTable)
+	s, err := demoSummary(ctx, pool, cfg, orders)
 	if err != nil {
 		return err
 	}
@@ -341,40 +343,64 @@ func orderNumber(id string) int {
 	return n
 }
 
+// demoSQL is the demo's own SQL (its orders table), in sql/demo.sql.
+//
+//go:embed sql/*.sql
+var demoSQLFiles embed.FS
+
+var demoSQL = sqlfile.MustParse(demoSQLFiles, "sql")
+
+// demoOrders is the demo's orders table and its statements, rendered once.
+type demoOrders struct {
+	table                                     string
+	create, drop, upsert, appendHandled, list string
+}
+
+// newDemoOrders renders the statements of sql/demo.sql for the table name
+// (built from --table-prefix, checked by identifierLike, and quoted).
+func newDemoOrders(table string) demoOrders {
+	r := strings.NewReplacer("{ORDERS}", pgx.Identifier{table}.Sanitize())
+	return demoOrders{
+		table:         table,
+		create:        demoSQL.Render("CreateOrders", r),
+		drop:          demoSQL.Render("DropOrders", r),
+		upsert:        demoSQL.Render("UpsertOrder", r),
+		appendHandled: demoSQL.Render("AppendHandled", r),
+		list:          demoSQL.Render("ListOrders", r),
+	}
+}
+
+// demoTables are the omnibus tables the demo migrates and drops.
+func demoTables(cfg bus.Config) []postgres.Table {
+	return []postgres.Table{
+		postgres.OutboxTable(cfg.Outbox.Table),
+		postgres.InboxTable(cfg.Inbox.Table),
+		postgres.InboxTable(cfg.Postgres.QueueTable),
+	}
+}
+
 // resetDemoTables drops what an earlier run left (see dropDemoTables) so
 // each run starts clean, and creates the demo's orders table.
-func resetDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, ordersTable string) error {
-	if err := dropDemoTables(ctx, pool, cfg, ordersTable); err != nil {
+func resetDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demoOrders) error {
+	if err := dropDemoTables(ctx, pool, cfg, orders); err != nil {
 		return err
 	}
-	sql := `CREATE TABLE ` + pgx.Identifier{ordersTable}.Sanitize() + ` (id text PRIMARY KEY, status text NOT NULL, handled text[] NOT NULL DEFAULT '{}')`
-	if _, err := pool.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("create the demo's table %s: %w", ordersTable, err)
+	if _, err := pool.Exec(ctx, orders.create); err != nil {
+		return fmt.Errorf("create the demo's table %s: %w", orders.table, err)
 	}
 	return nil
 }
 
 // dropDemoTables drops the demo's outbox, inbox and queue tables with their
-// lanes tables, trigger functions and migration records, and its orders
-// table. The names come from --table-prefix, checked by identifierLike.
-func dropDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, ordersTable string) error {
-	tables := []string{cfg.Outbox.Table, cfg.Inbox.Table, cfg.Postgres.QueueTable}
-	var drop, funcs, names []string
-	for _, t := range tables {
-		drop = append(drop, pgx.Identifier{t}.Sanitize(), pgx.Identifier{t + "_lanes"}.Sanitize())
-		funcs = append(funcs, pgx.Identifier{t + "_lane_fn"}.Sanitize()+"()", pgx.Identifier{t + "_notify_fn"}.Sanitize()+"()")
-		names = append(names, "'"+t+"'")
+// lanes tables, trigger functions and migration records (postgres.Drop), and
+// its orders table.
+func dropDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demoOrders) error {
+	tables := demoTables(cfg)
+	if err := postgres.Drop(ctx, pool, tables...); err != nil {
+		return fmt.Errorf("drop the demo's tables: %w", err)
 	}
-	drop = append(drop, pgx.Identifier{ordersTable}.Sanitize())
-	sql := `DROP TABLE IF EXISTS ` + strings.Join(drop, ", ") + ` CASCADE;
-		DROP FUNCTION IF EXISTS ` + strings.Join(funcs, ", ") + `;
-		DO $$ BEGIN
-			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name IN (` + strings.Join(names, ", ") + `);
-			END IF;
-		END $$`
-	if _, err := pool.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("drop the demo's tables %s: %w", strings.Join(tables, ", "), err)
+	if _, err := pool.Exec(ctx, orders.drop); err != nil {
+		return fmt.Errorf("drop the demo's table %s: %w", orders.table, err)
 	}
 	return nil
 }
@@ -399,7 +425,7 @@ func deleteDemoStreams(ctx context.Context, cfg bus.Config, topic string) error 
 // writeDemoOrders writes every order's steps, each change with its event in
 // one transaction, orders interleaved; it returns the events written and the
 // copies the broker will deliver twice.
-func writeDemoOrders(ctx context.Context, b *omnibus.Bus, ordersTable, topic string, o demoOptions) (written, dupes []*message.Message, err error) {
+func writeDemoOrders(ctx context.Context, b *omnibus.Bus, orders demoOrders, topic string, o demoOptions) (written, dupes []*message.Message, err error) {
 	for _, step := range demoSteps {
 		for i := 1; i <= o.orders; i++ {
 			id := orderID(i)
@@ -408,8 +434,7 @@ func writeDemoOrders(ctx context.Context, b *omnibus.Bus, ordersTable, topic str
 			bus.SetPartitionKey(msg, id)
 			bus.SetEventType(msg, "order."+step)
 			err := pgx.BeginFunc(ctx, b.Pool(), func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO `+ordersTable+` (id, status) VALUES ($1, $2)
-					ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status`, id, step); err != nil {
+				if _, err := tx.Exec(ctx, orders.upsert, id, step); err != nil {
 					return err
 				}
 				return b.Outbox().Enqueue(ctx, tx, topic, msg)
@@ -446,10 +471,14 @@ func waitFor(ctx context.Context, what string, cond func() (bool, error)) error 
 	}
 }
 
-func countRows(ctx context.Context, pool *pgxpool.Pool, table, status string) (int64, error) {
-	var n int64
-	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE status = $1`, status).Scan(&n)
-	return n, err
+// countCompleted counts the completed rows of an outbox or inbox table.
+func countCompleted(ctx context.Context, pool *pgxpool.Pool, t postgres.Table) (int64, error) {
+	adm, err := postgres.NewAdmin(pool, t)
+	if err != nil {
+		return 0, err
+	}
+	st, err := adm.Stats(ctx)
+	return st.Completed, err
 }
 
 type demoResult struct {
@@ -461,21 +490,26 @@ type demoResult struct {
 	firstBad                   string
 }
 
-func demoSummary(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, ordersTable string) (demoResult, error) {
+func demoSummary(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demoOrders) (demoResult, error) {
 	var s demoResult
-	err := pool.QueryRow(ctx, `SELECT
-			count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'failed')
-		FROM `+cfg.Outbox.Table).Scan(&s.relayed, &s.outboxFailed)
+	stats := func(t postgres.Table) (postgres.Stats, error) {
+		adm, err := postgres.NewAdmin(pool, t)
+		if err != nil {
+			return postgres.Stats{}, err
+		}
+		return adm.Stats(ctx)
+	}
+	out, err := stats(postgres.OutboxTable(cfg.Outbox.Table))
 	if err != nil {
 		return s, err
 	}
-	err = pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'completed'),
-			count(*) FILTER (WHERE status = 'failed')
-		FROM `+cfg.Inbox.Table).Scan(&s.stored, &s.dispatched, &s.inboxFailed)
+	s.relayed, s.outboxFailed = out.Completed, out.Failed
+	in, err := stats(postgres.InboxTable(cfg.Inbox.Table))
 	if err != nil {
 		return s, err
 	}
-	rows, err := pool.Query(ctx, `SELECT id, handled FROM `+ordersTable+` ORDER BY id`)
+	s.stored, s.dispatched, s.inboxFailed = in.Pending+in.Failed+in.Completed, in.Completed, in.Failed
+	rows, err := pool.Query(ctx, orders.list)
 	if err != nil {
 		return s, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,7 +44,7 @@ type Admin struct {
 	inbox bool
 	group *string // consumer group filter (inbox only); nil means every group
 	q     *queries
-	aq    adminQueries
+	aq    *adminQueries
 
 	// lockTimeout and onLockRetry are for tests.
 	lockTimeout time.Duration
@@ -201,7 +202,7 @@ func (a *Admin) ListFailed(ctx context.Context, limit int, afterID int64) ([]Fai
 	case limit == 0:
 		limit = DefaultListLimit
 	}
-	rows, err := a.pool.Query(ctx, a.aq.listFailed, a.args(pgx.NamedArgs{"after": afterID, "limit": limit}))
+	rows, err := a.pool.Query(ctx, a.aq.failedMatching(FailedFilter{}), a.args(pgx.NamedArgs{"after": afterID, "limit": limit}))
 	if err != nil {
 		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
 	}
@@ -238,7 +239,8 @@ func (a *Admin) Requeue(ctx context.Context, id int64) error {
 	var n int64
 	err := a.requeueTx(ctx, func(tx pgx.Tx) error {
 		var last *int64
-		return tx.QueryRow(ctx, a.aq.requeueOne, a.args(pgx.NamedArgs{"id": id})).Scan(&n, &last)
+		return tx.QueryRow(ctx, a.aq.requeue,
+			a.args(pgx.NamedArgs{"after": id - 1, "upto": id, "batch": 1})).Scan(&n, &last)
 	})
 	if err != nil {
 		return fmt.Errorf("requeue %d in %q: %w", id, a.tn, err)
@@ -280,7 +282,7 @@ func (a *Admin) RequeueAllFailed(ctx context.Context, batch int, progress func(d
 			last *int64
 		)
 		err := a.requeueTx(ctx, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, a.aq.requeueBatch,
+			return tx.QueryRow(ctx, a.aq.requeue,
 				a.args(pgx.NamedArgs{"after": after, "upto": *upto, "batch": batch})).Scan(&n, &last)
 		})
 		if err != nil {
@@ -308,7 +310,7 @@ func (a *Admin) RequeueAllFailed(ctx context.Context, batch int, progress func(d
 func (a *Admin) requeueTx(ctx context.Context, stmt func(pgx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
 		err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
+			if _, err := tx.Exec(ctx, a.q.lockTimeout,
 				fmt.Sprintf("%dms", a.lockTimeout.Milliseconds())); err != nil {
 				return err
 			}
@@ -396,6 +398,22 @@ func (a *Admin) Cleanup(ctx context.Context, olderThan time.Duration, batch int,
 	}
 }
 
+// CountCompletedOlderThan counts the completed rows that completed more than
+// olderThan ago (in the Admin's consumer group, when it has one): what
+// Cleanup(olderThan) would delete now. It reads the partial index on
+// completed_at, so it costs time in proportion to those rows; the CLI uses it
+// for Cleanup's progress bar.
+func (a *Admin) CountCompletedOlderThan(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("count completed rows of %q: olderThan: must not be negative, got %s", a.tn, olderThan)
+	}
+	var n int64
+	if err := a.pool.QueryRow(ctx, a.aq.countCleanup, a.args(pgx.NamedArgs{"older": olderThan})).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count completed rows of %q: %w", a.tn, err)
+	}
+	return n, nil
+}
+
 // SweepLanes creates the missing lane of every key that has pending rows but
 // no lane (rows inserted with triggers disabled, lanes deleted by hand), and
 // returns how many it created. Subscribers run the same sweep periodically
@@ -414,7 +432,7 @@ func (a *Admin) SweepLanes(ctx context.Context) (int64, error) {
 
 // notify wakes the table's relays. It is best effort: they poll anyway.
 func (a *Admin) notify(ctx context.Context) {
-	_, _ = a.pool.Exec(ctx, "SELECT pg_notify($1, '')", a.q.channel)
+	_, _ = a.pool.Exec(ctx, a.q.notify, a.q.channel)
 }
 
 // LatestSchemaVersion is the highest migration this build of omnibus applies:
@@ -450,7 +468,7 @@ func (s SchemaState) Behind() bool { return s.Version > 0 && s.Version < s.Lates
 func (a *Admin) SchemaState(ctx context.Context) (SchemaState, error) {
 	s := SchemaState{Latest: LatestSchemaVersion()}
 	var booked bool
-	err := a.pool.QueryRow(ctx, schemaObjectsQuery,
+	err := a.pool.QueryRow(ctx, a.aq.schemaObjects,
 		a.tn.quoted(), a.tn.derived("_lanes").quoted(), migrationsBook(a.tn)).Scan(&s.Exists, &booked)
 	if err != nil {
 		return SchemaState{}, fmt.Errorf("schema state of %q: %w", a.tn, err)
@@ -458,7 +476,7 @@ func (a *Admin) SchemaState(ctx context.Context) (SchemaState, error) {
 	if !booked {
 		return s, nil
 	}
-	if err := a.pool.QueryRow(ctx, schemaVersionQuery(a.tn), a.tn.name).Scan(&s.Version); err != nil {
+	if err := a.pool.QueryRow(ctx, a.aq.schemaVersion, a.tn.name).Scan(&s.Version); err != nil {
 		return SchemaState{}, fmt.Errorf("schema state of %q: read applied version: %w", a.tn, err)
 	}
 	return s, nil
@@ -492,7 +510,7 @@ type Row struct {
 // error wrapping ErrNotFound when there is no such row.
 func (a *Admin) Row(ctx context.Context, id int64) (Row, error) {
 	var r Row
-	err := a.pool.QueryRow(ctx, rowQuery(a.tn, a.inbox, a.group != nil), a.args(pgx.NamedArgs{"id": id})).Scan(
+	err := a.pool.QueryRow(ctx, a.aq.row, a.args(pgx.NamedArgs{"id": id})).Scan(
 		&r.ID, &r.EventID, &r.ConsumerGroup, &r.MessageID, &r.Topic, &r.PartitionKey, &r.EventType, &r.Payload,
 		&r.Metadata, &r.Status, &r.Attempts, &r.MaxAttempts, &r.LastError, &r.ScheduledAt, &r.LockedBy,
 		&r.LockedUntil, &r.CreatedAt, &r.CompletedAt)
@@ -514,9 +532,6 @@ func (a *Admin) Row(ctx context.Context, id int64) (Row, error) {
 // DefaultCompletedCountCap is how many completed rows Overview counts
 // exactly; past it, it reports the planner's estimate.
 const DefaultCompletedCountCap = 10000
-
-// cq returns the console statements of the Admin's table (and group).
-func (a *Admin) cq() consoleQueries { return newConsoleQueries(a.tn, a.inbox, a.group != nil) }
 
 // Overview is Stats without a scan of the completed rows: a snapshot of the
 // pending and failed rows and of the keys, taken in one statement.
@@ -549,7 +564,7 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		now            time.Time
 		counted, tuple int64
 	)
-	err := a.pool.QueryRow(ctx, a.cq().overview,
+	err := a.pool.QueryRow(ctx, a.aq.overview,
 		a.args(pgx.NamedArgs{"cap": DefaultCompletedCountCap + 1, "table": a.tn.quoted()})).Scan(
 		&o.Pending, &o.Due, &o.Leased, &o.ExpiredLeases, &o.Delayed, &o.Retrying, &oldest, &now, &o.Failed,
 		&counted, &tuple, &o.Lanes, &o.BlockedKeys, &o.HeldKeys)
@@ -603,7 +618,7 @@ func (a *Admin) HeldKeys(ctx context.Context, topic string, limit int) ([]HeldKe
 	if limit == 0 {
 		limit = DefaultListLimit
 	}
-	rows, err := a.pool.Query(ctx, a.cq().heldKeys, a.args(pgx.NamedArgs{"topic": topic, "limit": limit}))
+	rows, err := a.pool.Query(ctx, a.aq.heldKeys, a.args(pgx.NamedArgs{"topic": topic, "limit": limit}))
 	if err != nil {
 		return nil, fmt.Errorf("held keys of %q: %w", a.tn, err)
 	}
@@ -635,7 +650,7 @@ type LeaseHolder struct {
 // Leases lists the instances that hold leases on pending rows or lanes,
 // expired ones included, by instance id.
 func (a *Admin) Leases(ctx context.Context) ([]LeaseHolder, error) {
-	rows, err := a.pool.Query(ctx, a.cq().leases, a.args(nil))
+	rows, err := a.pool.Query(ctx, a.aq.leases, a.args(nil))
 	if err != nil {
 		return nil, fmt.Errorf("leases of %q: %w", a.tn, err)
 	}
@@ -672,7 +687,7 @@ func (a *Admin) Throughput(ctx context.Context, window, bucket time.Duration) ([
 		return nil, fmt.Errorf("throughput of %q: window %s and bucket %s: need 0 < bucket <= window", a.tn, window, bucket)
 	}
 	n := int(window / bucket)
-	rows, err := a.pool.Query(ctx, a.cq().throughput,
+	rows, err := a.pool.Query(ctx, a.aq.throughput,
 		a.args(pgx.NamedArgs{"bucket": bucket.Seconds(), "window": window.Seconds()}))
 	if err != nil {
 		return nil, fmt.Errorf("throughput of %q: %w", a.tn, err)
@@ -711,7 +726,7 @@ type FailedFilter struct {
 // IsZero reports a filter that selects every failed row.
 func (f FailedFilter) IsZero() bool { return f == FailedFilter{} }
 
-// args sets the named arguments of the conditions failedConditions adds.
+// args sets the named arguments of the conditions that conditions adds.
 func (f FailedFilter) args(na pgx.NamedArgs) pgx.NamedArgs {
 	for name, v := range map[string]any{"topic": f.Topic, "key": f.PartitionKey, "err": f.ErrorContains} {
 		if v != "" {
@@ -737,7 +752,7 @@ func (a *Admin) ListFailedMatching(ctx context.Context, f FailedFilter, limit in
 	case limit == 0:
 		limit = DefaultListLimit
 	}
-	rows, err := a.pool.Query(ctx, a.cq().failedMatching(f),
+	rows, err := a.pool.Query(ctx, a.aq.failedMatching(f),
 		a.args(f.args(pgx.NamedArgs{"after": afterID, "limit": limit})))
 	if err != nil {
 		return nil, fmt.Errorf("list failed rows of %q: %w", a.tn, err)
@@ -758,7 +773,7 @@ func (a *Admin) ListFailedMatching(ctx context.Context, f FailedFilter, limit in
 // failed index: its cost grows with the failed rows only).
 func (a *Admin) CountFailedMatching(ctx context.Context, f FailedFilter) (int64, error) {
 	var n int64
-	if err := a.pool.QueryRow(ctx, a.cq().countMatching(f), a.args(f.args(pgx.NamedArgs{}))).Scan(&n); err != nil {
+	if err := a.pool.QueryRow(ctx, a.aq.countMatching(f), a.args(f.args(pgx.NamedArgs{}))).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count failed rows of %q: %w", a.tn, err)
 	}
 	return n, nil
@@ -805,7 +820,7 @@ func (a *Admin) ConsumerGroups(ctx context.Context) ([]string, error) {
 	if !a.inbox {
 		return nil, nil
 	}
-	rows, err := a.pool.Query(ctx, a.cq().groups)
+	rows, err := a.pool.Query(ctx, a.aq.groups)
 	if err != nil {
 		return nil, fmt.Errorf("consumer groups of %q: %w", a.tn, err)
 	}
@@ -829,7 +844,7 @@ type LaneState struct {
 // Lane returns the lane of the key (group is "" for an outbox); ok is false
 // when the key has no lane (no pending rows).
 func (a *Admin) Lane(ctx context.Context, group, topic, key string) (ls LaneState, ok bool, err error) {
-	err = a.pool.QueryRow(ctx, a.cq().lane, pgx.NamedArgs{"lgroup": group, "topic": topic, "key": key}).Scan(
+	err = a.pool.QueryRow(ctx, a.aq.lane, pgx.NamedArgs{"lgroup": group, "topic": topic, "key": key}).Scan(
 		&ls.Blocked, &ls.ReadyAt, &ls.LockedBy, &ls.LockedUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return LaneState{}, false, nil
@@ -851,7 +866,7 @@ func (a *Admin) Discard(ctx context.Context, id int64) (eventID string, err erro
 	}
 	var n int64
 	err = a.requeueTx(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, a.cq().discard, a.args(pgx.NamedArgs{"id": id})).Scan(&n, &eventID)
+		return tx.QueryRow(ctx, a.aq.discard, a.args(pgx.NamedArgs{"id": id})).Scan(&n, &eventID)
 	})
 	if err != nil {
 		return "", fmt.Errorf("discard %d in %q: %w", id, a.tn, err)
@@ -861,4 +876,36 @@ func (a *Admin) Discard(ctx context.Context, id int64) (eventID string, err erro
 	}
 	a.notify(ctx)
 	return eventID, nil
+}
+
+// conditions are the conditions of f (the Filter* fragments of console.sql),
+// on the row alias t, with the named arguments FailedFilter.args sets.
+func (q *adminQueries) conditions(f FailedFilter) string {
+	var b strings.Builder
+	if f.Topic != "" {
+		b.WriteString(q.filterTopic)
+	}
+	if f.PartitionKey != "" {
+		b.WriteString(q.filterKey)
+	}
+	if f.ErrorContains != "" {
+		b.WriteString(q.filterErr)
+	}
+	if !f.CreatedFrom.IsZero() {
+		b.WriteString(q.filterFrom)
+	}
+	if !f.CreatedBefore.IsZero() {
+		b.WriteString(q.filterTo)
+	}
+	return b.String()
+}
+
+// failedMatching lists the failed rows f selects after @after, @limit at most.
+func (q *adminQueries) failedMatching(f FailedFilter) string {
+	return strings.Replace(q.listFailed, filterMark, q.conditions(f), 1)
+}
+
+// countMatching counts the failed rows f selects.
+func (q *adminQueries) countMatching(f FailedFilter) string {
+	return strings.Replace(q.countFailed, filterMark, q.conditions(f), 1)
 }

@@ -446,6 +446,13 @@ func TestAdmin_CleanupDeletesOnlyOldCompletedRowsInBatches(t *testing.T) {
 	assert.Zero(t, n)
 	require.Len(t, f.statuses(), 9, "a canceled cleanup deletes nothing")
 
+	n, err = f.admin.CountCompletedOlderThan(ctx, time.Hour)
+	require.NoError(t, err)
+	assert.EqualValues(t, 5, n, "CountCompletedOlderThan counts what Cleanup is about to delete")
+	n, err = f.admin.CountCompletedOlderThan(ctx, 0)
+	require.NoError(t, err)
+	assert.EqualValues(t, 7, n, "retention 0 counts every completed row")
+
 	var calls []int64
 	n, err = f.admin.Cleanup(ctx, time.Hour, 2, func(deleted int64) { calls = append(calls, deleted) })
 	require.NoError(t, err)

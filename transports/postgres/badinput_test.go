@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -72,8 +71,6 @@ func settleBadFailures(t *testing.T, pool *pgxpool.Pool, cfg SubscriberConfig, r
 		return open == 0
 	}, "every settlement written (acks next to failures PostgreSQL cannot store as given)")
 }
-
-func quoteIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
 
 // checkBadFailuresStored asserts what was stored for each bad failure: one
 // attempt, an error text that is valid UTF-8 without NUL, a retry time

@@ -39,4 +39,13 @@
 // however many rows wait behind a key's head. A fetch leases lanes and rows in
 // one short transaction of two statements; acks and nacks are written in
 // batches.
+//
+// # SQL
+//
+// Every statement the package runs is a named block ("-- name: Pick") of a
+// file in sql/, embedded in the binary and reviewed as a set: engine.sql
+// (fetch, settle, lanes), write.sql (Outbox and Inbox writers), admin.sql and
+// console.sql (Admin), schema.sql (Migrate, Drop), connection.sql. Table names
+// are the only values that come from outside; they are validated and quoted
+// before they are spliced in. The versioned migrations are in migrations/.
 package postgres

@@ -117,15 +117,10 @@ type engine struct {
 // pick takes its snapshot.
 func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fetchResult, error) {
 	topicArg := topicParam(topic)
-	return e.inTx(ctx, func(tx pgx.Tx) ([]leasedLane, error) {
-		if lanes == 0 {
-			return nil, nil
+	return e.inTx(ctx, func(b *pgx.Batch) {
+		if lanes > 0 {
+			b.Queue(e.q.leaseLanes, e.worker, e.lease, lanes, topicArg, e.group)
 		}
-		rows, err := tx.Query(ctx, e.q.leaseLanes, e.worker, e.lease, lanes, topicArg, e.group)
-		if err != nil {
-			return nil, err
-		}
-		return scanLeased(rows)
 	}, topicArg, loose)
 }
 
@@ -139,7 +134,7 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 	g, t, kk := laneArrays([]laneKey{k})
 	timeout := fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
+		if _, err := tx.Exec(ctx, e.q.lockTimeout, timeout); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, e.q.gateLanes, g, t, kk)
@@ -151,18 +146,10 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 		}
 		return fetchResult{}, false, fmt.Errorf("close the gate of a lane of %q: %w", e.q.table, err)
 	}
-	res, err = e.inTx(ctx, func(tx pgx.Tx) ([]leasedLane, error) {
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
-			return nil, err
-		}
-		if _, err := tx.Exec(ctx, e.q.laneLock, k.group, k.topic, k.key); err != nil {
-			return nil, err
-		}
-		rows, err := tx.Query(ctx, e.q.leaseLane, e.worker, e.lease, k.group, k.topic, k.key)
-		if err != nil {
-			return nil, err
-		}
-		return scanLeased(rows)
+	res, err = e.inTx(ctx, func(b *pgx.Batch) {
+		b.Queue(e.q.lockTimeout, timeout)
+		b.Queue(e.q.laneLock, k.group, k.topic, k.key)
+		b.Queue(e.q.leaseLane, e.worker, e.lease, k.group, k.topic, k.key)
 	}, nil, 0)
 	if err != nil {
 		if isLockTimeout(err) {
@@ -196,7 +183,7 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64) (fetchResult,
 	// it hands out nothing when keepLane found the lane taken over.
 	g, t, kk := laneArrays([]laneKey{k})
 	b := &pgx.Batch{}
-	b.Queue(bookkeeping)
+	b.Queue(e.q.bookkeeping)
 	b.Queue(e.q.keepLane, e.worker, e.lease, k.group, k.topic, k.key)
 	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1})
 	start := time.Now()
@@ -253,32 +240,30 @@ func topicParam(topic string) *string {
 	return &topic
 }
 
-// bookkeeping starts a transaction that changes only the engine's own
-// state (leases, attempts, settlements, lanes), never a user's data:
-//
-//   - synchronous_commit off: its commit does not wait for the WAL flush.
-//     A PostgreSQL crash may roll back the last such commits (at most about
-//     three wal_writer_delay, 600 ms by default), never a later synchronous
-//     commit's (WAL is flushed in order) and never part of one. What it
-//     loses is bookkeeping: rows acked in that window are delivered again
-//     (at least once; the inbox deduplicates) and leases taken in it are
-//     not counted as attempts. No row is lost and first deliveries keep
-//     their order: the rolled-back state is an earlier consistent one.
-//
-// bookkeepingTx begins such a transaction (in the BEGIN's round trip);
-// bookkeeping is the same setting as the first statement of a batch, whose
-// statements run in one implicit transaction.
-const bookkeeping = `SELECT set_config('synchronous_commit', 'off', true)`
+// The engine's transactions start with the Bookkeeping statement (engine.sql):
+// they change only the engine's own state (leases, attempts, settlements,
+// lanes), never a user's data, and commit with synchronous_commit off, so
+// their commits do not wait for the WAL flush. A PostgreSQL crash may roll
+// back the last such commits (at most about three wal_writer_delay, 600 ms
+// by default), never a later synchronous commit's (WAL is flushed in order)
+// and never part of one. What it loses is bookkeeping: rows acked in that
+// window are delivered again (at least once; the inbox deduplicates) and
+// leases taken in it are not counted as attempts. No row is lost and first
+// deliveries keep their order: the rolled-back state is an earlier
+// consistent one.
 
-var bookkeepingTx = pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off"}
-
-// inTx runs lease (which leases lanes) and then the pick statement over the
-// lanes it returned and up to loose unkeyed rows, in one transaction.
-func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]leasedLane, error), topicArg *string, loose int) (fetchResult, error) {
+// inTx runs the statements lease queues (the last of which returns the
+// lanes it leased; none for no lanes), in one round trip after Bookkeeping,
+// and then the pick statement over the lanes leased and up to loose unkeyed
+// rows, in one transaction.
+func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *string, loose int) (fetchResult, error) {
 	var res fetchResult
 	start := time.Now()
-	err := pgx.BeginTxFunc(ctx, e.pool, bookkeepingTx, func(tx pgx.Tx) error {
-		ll, err := lease(tx)
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(e.q.bookkeeping)
+		lease(b)
+		ll, err := leaseBatch(ctx, tx, b)
 		if err != nil {
 			return err
 		}
@@ -312,6 +297,31 @@ func (e *engine) inTx(ctx context.Context, lease func(pgx.Tx) ([]leasedLane, err
 		return fetchResult{}, fmt.Errorf("fetch from %q: %w", e.q.table, err)
 	}
 	return res, nil
+}
+
+// leaseBatch sends b and returns the lanes its last statement leased (none
+// when b holds only Bookkeeping).
+func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) (ll []leasedLane, err error) {
+	n := b.Len()
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	for range n - 1 {
+		if _, err := br.Exec(); err != nil {
+			return nil, err
+		}
+	}
+	if n == 1 {
+		return nil, nil
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return scanLeased(rows)
 }
 
 // scanPicked reads pick's rows into units; rows whose run was cut by the
@@ -416,9 +426,9 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 			leases = append(leases, int32(o.lease))
 		}
 	}
-	// One round trip, one implicit transaction (see bookkeeping).
+	// One round trip, one implicit transaction (see Bookkeeping).
 	b := &pgx.Batch{}
-	b.Queue(bookkeeping)
+	b.Queue(e.q.bookkeeping)
 	b.Queue(e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs,
 		releaseLeases, leases, ackLeases)
 	var n int64
@@ -508,17 +518,13 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 		return nil, 0, nil
 	}
 	gs, ts, ks := laneArrays(lanes)
-	tx, err := e.pool.BeginTx(ctx, bookkeepingTx)
+	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: begin: %w", e.q.table, err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 
-	rows, err := tx.Query(ctx, e.q.lockLanes, e.worker, gs, ts, ks)
-	if err != nil {
-		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
-	}
-	locked, err := scanLanes(rows)
+	locked, err := e.lockLanes(ctx, tx, gs, ts, ks)
 	if err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
 	}
@@ -539,7 +545,7 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 	// they are not ours any more (drop them).
 	rest := minus(lanes, locked)
 	rg, rt, rk := laneArrays(rest)
-	rows, err = e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
+	rows, err := e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
 	if err != nil {
 		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
 	}
@@ -548,6 +554,27 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
 	}
 	return retry, readyNow, nil
+}
+
+// lockLanes runs Bookkeeping and LockLanes in tx, in one round trip.
+func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) (locked []laneKey, err error) {
+	b := &pgx.Batch{}
+	b.Queue(e.q.bookkeeping)
+	b.Queue(e.q.lockLanes, e.worker, gs, ts, ks)
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return scanLanes(rows)
 }
 
 // settleLanes gives back lanes locked FOR NO KEY UPDATE in tx.
@@ -724,7 +751,7 @@ func minus(a, b []laneKey) []laneKey {
 func (e *engine) sweep(ctx context.Context) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
+		if _, err := tx.Exec(ctx, e.q.lockTimeout, "200ms"); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, e.q.sweep)

@@ -67,6 +67,10 @@ func (t tableName) quoted() string {
 	return pgx.Identifier{t.schema, t.name}.Sanitize()
 }
 
+// quoteIdent quotes one identifier derived from a validated name (a schema,
+// a channel).
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+
 // derived returns a table in the same schema whose name has suffix appended.
 func (t tableName) derived(suffix string) tableName {
 	return tableName{schema: t.schema, name: t.name + suffix}

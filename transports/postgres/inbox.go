@@ -78,7 +78,6 @@ func (c InboxConfig) Validate() error {
 type Inbox struct {
 	cfg InboxConfig
 	q   *queries
-	iq  *inboxQueries
 }
 
 // NewInbox validates cfg and returns an Inbox. It does not touch the
@@ -89,7 +88,7 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
 	tn, _ := parseTableName(cfg.Table)
-	return &Inbox{cfg: cfg, q: newQueries(tn, true), iq: newInboxQueries(tn)}, nil
+	return &Inbox{cfg: cfg, q: newQueries(tn, true)}, nil
 }
 
 // Table returns the inbox table's name.
@@ -175,11 +174,8 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 		msgIDs[i], eventIDs[i], topics[i], keys[i], types[i] = r.messageID, r.eventID, r.topic, r.key, r.eventType
 		payloads[i], metas[i], attempts[i] = r.payload, r.metadata, r.maxAttempts
 	}
-	sql := in.q.insertInbox
-	if opts.Completed {
-		sql = in.iq.insertCompleted
-	}
-	rows, err := db.Query(ctx, sql, opts.Group, msgIDs, eventIDs, topics, keys, types, payloads, metas, attempts)
+	rows, err := db.Query(ctx, in.q.insertInbox, opts.Group, msgIDs, eventIDs, topics, keys, types, payloads, metas, attempts,
+		opts.Completed)
 	if err != nil {
 		return nil, fmt.Errorf("store %d messages to %q for group %q: %w", n, in.cfg.Table, opts.Group, err)
 	}
@@ -235,7 +231,7 @@ func (in *Inbox) Remove(ctx context.Context, db DB, group string, msgs ...*messa
 	for i, m := range msgs {
 		ids[i] = bus.EventID(m)
 	}
-	if _, err := db.Exec(ctx, in.iq.remove, group, ids); err != nil {
+	if _, err := db.Exec(ctx, in.q.removeInbox, group, ids); err != nil {
 		return fmt.Errorf("remove %d messages from %q for group %q: %w", len(ids), in.cfg.Table, group, err)
 	}
 	return nil

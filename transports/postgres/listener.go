@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -162,7 +161,7 @@ func (l *listener) session(ctx context.Context) error {
 		want := l.wantChannels()
 		for ch := range want {
 			if !listening[ch] {
-				if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+				if _, err := conn.Exec(ctx, channelSQL("Listen", ch)); err != nil {
 					return err
 				}
 				listening[ch] = true
@@ -172,7 +171,7 @@ func (l *listener) session(ctx context.Context) error {
 		}
 		for ch := range listening {
 			if !want[ch] {
-				if _, err := conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+				if _, err := conn.Exec(ctx, channelSQL("Unlisten", ch)); err != nil {
 					return err
 				}
 				delete(listening, ch)

@@ -1,24 +1,26 @@
 package postgres
 
-import (
-	"strings"
-)
+// The statements each component runs, rendered for its table once, when the
+// component is constructed. Their SQL is in sql/ (see sql.go); the comments
+// there say what each does and why.
 
-// queries holds every statement of one outbox or inbox table, built once
-// from its validated, quoted name. All SQL of the transport lives here.
+// queries holds the statements of the writers and of the delivery engine for
+// one outbox or inbox table.
 type queries struct {
 	table   tableName
 	inbox   bool
 	channel string
 
-	insertOutbox string
-	insertInbox  string
+	insertOutbox string // outbox only
+	insertInbox  string // inbox only
+	removeInbox  string // inbox only
 	leaseLanes   string
 	pick         string
 	gateLanes    string
 	laneLock     string
 	leaseLane    string
 	keepLane     string
+	bookkeeping  string
 	starved      string
 	settle       string
 	lockLanes    string
@@ -30,464 +32,107 @@ type queries struct {
 	extendRows   string
 	extendLanes  string
 	sweep        string
+	completeRow  string
+	lockTimeout  string
+	notify       string
 }
 
-// rowColumns are the columns fetch returns, in scan order.
-const rowColumns = `id, event_id::text, topic, partition_key, event_type, payload, metadata, attempts, max_attempts, created_at`
-
 func newQueries(t tableName, inbox bool) *queries {
-	q := &queries{table: t, inbox: inbox, channel: t.channel()}
-	r := strings.NewReplacer(
-		"{T}", t.quoted(),
-		"{L}", t.derived("_lanes").quoted(),
-		"{COLS}", rowColumns,
-	)
-	// {G} restricts a row alias to the lane's consumer group (inbox only);
-	g := func(alias, lane string) string {
-		if !inbox {
-			return ""
-		}
-		return " AND " + alias + ".consumer_group = " + lane + ".consumer_group"
+	r := vocab{t: t, inbox: inbox}.renderer()
+	q := &queries{
+		table:       t,
+		inbox:       inbox,
+		channel:     t.channel(),
+		leaseLanes:  r.sql("LeaseLanes"),
+		pick:        r.sql("Pick"),
+		gateLanes:   r.sql("GateLanes"),
+		laneLock:    r.sql("LaneLock"),
+		leaseLane:   r.sql("LeaseLane"),
+		keepLane:    r.sql("KeepLane"),
+		bookkeeping: r.sql("Bookkeeping"),
+		starved:     r.sql("StarvedLanes"),
+		settle:      r.sql("Settle"),
+		lockLanes:   r.sql("LockLanes"),
+		ownedLanes:  r.sql("OwnedLanes"),
+		reconcile:   r.sql("Reconcile"),
+		lockEmpty:   r.sql("LockEmptyLanes"),
+		deleteEmpty: r.sql("DeleteEmptyLanes"),
+		readyLanes:  r.sql("ReadyLanes"),
+		extendRows:  r.sql("ExtendRows"),
+		extendLanes: r.sql("ExtendLanes"),
+		sweep:       r.sql("SweepLanes"),
+		completeRow: r.sql("CompleteRow"),
+		lockTimeout: r.sql("SetLockTimeout"),
+		notify:      r.sql("Notify"),
 	}
-	build := func(s string, kv ...string) string {
-		for i := 0; i+1 < len(kv); i += 2 {
-			s = strings.ReplaceAll(s, kv[i], kv[i+1])
-		}
-		return r.Replace(s)
+	if inbox {
+		q.insertInbox = r.sql("InsertInbox")
+		q.removeInbox = r.sql("RemoveInbox")
+	} else {
+		q.insertOutbox = r.sql("InsertOutbox")
 	}
-
-	q.insertOutbox = build(`
-INSERT INTO {T} (event_id, topic, partition_key, event_type, payload, metadata, max_attempts, scheduled_at)
-SELECT u.event_id, $1, u.partition_key, u.event_type, u.payload, u.metadata, u.max_attempts, COALESCE(u.scheduled_at, now())
-FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::int[], $8::timestamptz[])
-     WITH ORDINALITY AS u(event_id, partition_key, event_type, payload, metadata, max_attempts, scheduled_at, ord)
-ORDER BY u.ord
-ON CONFLICT (event_id, topic) DO NOTHING`)
-
-	q.insertInbox = build(`
-INSERT INTO {T} (message_id, consumer_group, event_id, topic, partition_key, event_type, payload, metadata, max_attempts)
-SELECT u.message_id, $1, u.event_id, u.topic, u.partition_key, u.event_type, u.payload, u.metadata, u.max_attempts
-FROM unnest($2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::jsonb[], $9::int[])
-     WITH ORDINALITY AS u(message_id, event_id, topic, partition_key, event_type, payload, metadata, max_attempts, ord)
-ORDER BY u.ord
-ON CONFLICT (message_id, consumer_group) DO NOTHING
-RETURNING message_id`)
-
-	// The fetch is two statements in one short transaction (engine.fetch):
-	//
-	// leaseLanes leases up to $3 ready lanes (keys), oldest ready first. It
-	// locks them FOR UPDATE SKIP LOCKED, which conflicts with the KEY SHARE
-	// lock every writer of a key holds on its lane from before its rows get
-	// their ids until it commits: a lane with a writer in flight is skipped,
-	// so no row of a key is handed out while a row with a smaller id may
-	// still commit (DESIGN §4.3 rule 6). The lock is held until the fetch
-	// commits, so pick, a later statement with a later snapshot, sees every
-	// row of those keys that will ever have a smaller id than the rows it
-	// hands out.
-	q.leaseLanes = build(`
-UPDATE {L} l
-SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
-FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key
-    FROM {L} c
-    WHERE c.ready_at <= statement_timestamp()
-      AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
-      AND ($4::text IS NULL OR c.topic = $4)
-      AND c.consumer_group = $5 -- outbox lanes all belong to the group ''
-    ORDER BY c.ready_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-) c
-WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
-
-	// Both statements compare with statement_timestamp(), not now(): now()
-	// is the start of the fetch's transaction, and a writer whose transaction
-	// started after it but committed before our lane lock has a scheduled_at
-	// (its own now()) later than that. Its row would look delayed, never
-	// tried, and not hold its key back: the rows behind it would go first.
-	//
-	// pick chooses and leases the rows of the lanes leaseLanes returned
-	// ($3..$5; only those this worker holds, $1) and up to $7 unkeyed rows:
-	//  line:  for each lane, the first $6 rows that are "in line" (due, leased,
-	//         or tried and waiting), in id order. Delayed rows never tried are
-	//         not in line and hold nothing back. With the Block policy ($10)
-	//         a failed row holds back every later row of its key.
-	//  run:   the longest prefix of those rows that is deliverable now (due and
-	//         not leased): the key's head and the run behind it.
-	//  loose: up to $7 due unkeyed rows, locked FOR UPDATE SKIP LOCKED.
-	// picked leases them, re-checking at lock time that each row is still
-	// pending, due and free (a relay whose lease expired may settle a row
-	// between our snapshot and our lock). A run row that fails the re-check
-	// ends its run: ok is false for it and every row behind it, and the
-	// caller releases those it leased.
-	//
-	// A delivery is counted when it is leased (attempts + 1, as River does),
-	// so a message whose handling kills the process still spends its
-	// attempt; the settlement then takes back what it should not have cost
-	// (a transient failure, a row released unhandled). A row still leased
-	// (locked_by set, its lease expired) lost its last lease without a
-	// settlement; when its attempts are all spent, exhausted fails it,
-	// saying so, instead of handing it out again. RETURNING gives attempts spent before this
-	// delivery, which is what bus.Delivery reports.
-	q.pick = build(`
-WITH lane AS (
-    SELECT k.*
-    FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
-    JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
-    WHERE l.locked_by = $1
-), line AS (
-    SELECT lane.topic, lane.partition_key, r.id, r.deliverable
-    FROM lane CROSS JOIN LATERAL (
-        SELECT t.id,
-               (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable
-        FROM {T} t
-        WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
-          AND t.status = 'pending' AND t.id >= lane.floor_id
-          AND (t.scheduled_at <= statement_timestamp() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-          AND NOT ($10::boolean AND EXISTS (
-              SELECT 1 FROM {T} f
-              WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
-                AND f.status = 'failed' AND f.id < t.id))
-        ORDER BY t.id
-        LIMIT $6
-    ) r
-), run AS (
-    SELECT id, topic, partition_key FROM (
-        SELECT id, topic, partition_key,
-               bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok
-        FROM line
-    ) x
-    WHERE ok
-), loose AS (
-    SELECT t.id
-    FROM {T} t
-    WHERE t.status = 'pending' AND t.partition_key IS NULL AND t.scheduled_at <= statement_timestamp()
-      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
-      AND ($8::text IS NULL OR t.topic = $8){GP_T}
-    ORDER BY t.scheduled_at, t.id
-    LIMIT $7
-    FOR UPDATE SKIP LOCKED
-), exhausted AS (
-    UPDATE {T} t
-    SET status = 'failed', locked_by = NULL, locked_until = NULL,
-        last_error = format('omnibus: gave up after %s attempts: the last delivery''s lease expired without a settlement '
-                            '(the process handling it died or lost its lease: a panic past the Recoverer, os.Exit, OOM)', t.attempts)
-                     || COALESCE('; the error before: ' || t.last_error, '')
-    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
-      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
-      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
-      AND t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts
-    RETURNING t.id
-), picked AS (
-    UPDATE {T} t
-    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, attempts = t.attempts + 1
-    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
-      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
-      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
-      AND NOT (t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts)
-    RETURNING t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
-              t.attempts - 1 AS attempts, t.max_attempts, t.created_at
-), handed AS (
-    SELECT r.id, bool_and(p.id IS NOT NULL) OVER (PARTITION BY r.topic, r.partition_key ORDER BY r.id) AS ok
-    FROM run r LEFT JOIN picked p ON p.id = r.id
-)
-SELECT COALESCE(h.ok, true) AS ok, p.id, p.event_id, p.topic, p.partition_key, p.event_type, p.payload, p.metadata,
-       p.attempts, p.max_attempts, p.created_at
-FROM picked p LEFT JOIN handed h ON h.id = p.id`,
-		"{G_T}", g("t", "lane"),
-		"{G_F}", g("f", "lane"),
-		"{GP_T}", gpN("t", "$9", inbox),
-	)
-
-	// A relay waits its turn on a lane that writers never leave free (a hot
-	// key with overlapping writers, where SKIP LOCKED would skip it forever):
-	// it closes the lane's gate, so writers arriving from then on queue on
-	// the lane's advisory lock (lanes.gated, see the lane trigger), takes
-	// that lock exclusively, and waits, with a lock timeout, for the writers
-	// that came before the gate. Then it leases the lane as leaseLanes does.
-	q.gateLanes = build(`
-UPDATE {L} l SET gated = true
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
-WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-  AND NOT l.gated`)
-
-	q.laneLock = build(`SELECT pg_advisory_xact_lock(` + laneLockKey(t, "$1", "$2", "$3") + `)`)
-
-	q.leaseLane = build(`
-UPDATE {L} l
-SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
-FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key
-    FROM {L} c
-    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
-      AND c.ready_at <= statement_timestamp()
-      AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
-    FOR UPDATE
-) c
-WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id`)
-
-	// keepLane keeps a lane this worker holds for its next run (see
-	// engine.next): it renews the lane's lease and locks it FOR UPDATE
-	// NOWAIT, which fails at once (lock_not_available) while a writer of the
-	// key is in flight, so that pick, the next statement of the same
-	// transaction, sees every row that will ever have a smaller id than the
-	// rows it hands out, as after leaseLanes. No row when the lease is no
-	// longer ours.
-	q.keepLane = build(`
-UPDATE {L} l
-SET locked_until = statement_timestamp() + $2::interval
-FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key
-    FROM {L} c
-    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5 AND c.locked_by = $1
-    FOR UPDATE NOWAIT
-) c
-WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.floor_id`)
-
-	// starved lists lanes that have been ready and free for $1 without any
-	// relay leasing them: writers are holding them.
-	q.starved = build(`
-SELECT l.consumer_group, l.topic, l.partition_key
-FROM {L} l
-WHERE l.ready_at <= now() - $1::interval
-  AND (l.locked_until IS NULL OR l.locked_until < now())
-  AND ($2::text IS NULL OR l.topic = $2)
-  AND l.consumer_group = $3
-ORDER BY l.ready_at
-LIMIT $4`)
-
-	// Settlement of many rows in one statement, guarded by the lease so a
-	// worker whose lease was taken over never clobbers the new holder's row.
-	// Acks ($2, with $12 the attempts their lease set) are addressed by
-	// id = ANY(...), which the planner always serves from the primary key;
-	// an ack completes the row even from an older lease (it was delivered)
-	// and takes back its lease's count when it is the current one, so a
-	// completed row's attempts are its counted failures. Releases ($3, rows given back unhandled,
-	// with $10 the attempts their lease set) and failures ($4..$9, few)
-	// carry the attempts value of the lease they settle: the lease counted
-	// the delivery, a release takes it back, a failure keeps it (inc 1) or
-	// takes it back (inc 0, transient), and a settlement from an older lease
-	// of the same row (re-leased after its lease expired, even by the same
-	// worker) changes nothing, so attempts equal the counted failures
-	// exactly. op n = nack (may fail the row), p = plain nack (counts an
-	// attempt, retries after TransientDelay, keeps the row pending: a Nack
-	// without a settlement means "deliver again", as everywhere in
-	// Watermill).
-	q.settle = build(`
-WITH acked AS (
-    UPDATE {T} t
-    SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
-        attempts = t.attempts - (t.attempts = u.lease)::int
-    FROM unnest($2::bigint[], $12::int[]) AS u(id, lease)
-    WHERE t.id = u.id AND t.id = ANY($2::bigint[]) AND t.locked_by = $1
-    RETURNING 1
-), released AS (
-    UPDATE {T} t
-    SET locked_by = NULL, locked_until = NULL, attempts = t.attempts - 1
-    FROM unnest($3::bigint[], $10::int[]) AS u(id, lease)
-    WHERE t.id = u.id AND t.id = ANY($3::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
-    RETURNING 1
-), failed AS (
-    UPDATE {T} t SET
-        status = CASE
-            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc - 1 >= t.max_attempts) THEN 'failed'
-            ELSE t.status END,
-        attempts     = t.attempts + u.inc - 1,
-        last_error   = u.err,
-        scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
-        locked_by    = NULL,
-        locked_until = NULL
-    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[], $11::int[])
-         AS u(id, op, inc, give_up, retry_at, err, lease)
-    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)`)
-
-	// Reconciling lanes is two statements in one transaction: lock the lanes
-	// we hold, then (in a later statement, so with a snapshot that sees every
-	// writer that held a lane lock before us) compute each lane's next ready
-	// time from its rows, and delete the lanes that have no pending rows.
-	q.lockLanes = build(`
-SELECT l.consumer_group, l.topic, l.partition_key
-FROM {L} l
-JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
-  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-WHERE l.locked_by = $1
-FOR NO KEY UPDATE OF l SKIP LOCKED`)
-
-	q.ownedLanes = build(`
-SELECT l.consumer_group, l.topic, l.partition_key
-FROM {L} l
-JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
-  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-WHERE l.locked_by = $1`)
-
-	q.reconcile = build(`
-WITH k AS (
-    SELECT k.*, l.floor_id
-    FROM unnest($1::text[], $2::text[], $3::text[], $6::bigint[]) AS k(consumer_group, topic, partition_key, last_id)
-    JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
-), state AS (
-    SELECT k.consumer_group, k.topic, k.partition_key, h.id AS head_id, h.ready AS head_ready,
-           d.min_sched AS delayed_min, b.blocked, k.floor_id,
-           -- The next floor: the first pending row, at most one past the
-           -- last row the fetch handed out (rows after it may belong to a
-           -- writer that has not committed); unchanged without one.
-           CASE WHEN k.last_id > 0 THEN GREATEST(k.floor_id, LEAST(
-               COALESCE(d.min_id, 9223372036854775807), COALESCE(h.id, 9223372036854775807), k.last_id + 1))
-           ELSE k.floor_id END AS next_floor,
-           -- Asleep: nothing in line, only delayed rows; the lane would sleep
-           -- until the first is due. See engine.reconcile for why that needs
-           -- a stronger lock.
-           (h.id IS NULL AND d.min_sched > now() AND NOT b.blocked) AS asleep
-    FROM k
-    LEFT JOIN LATERAL (
-        SELECT t.id, CASE WHEN t.locked_until > now() THEN t.locked_until ELSE t.scheduled_at END AS ready
-        FROM {T} t
-        WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
-          AND t.status = 'pending' AND t.id >= k.floor_id
-          AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-        ORDER BY t.id
-        LIMIT 1
-    ) h ON true
-    LEFT JOIN LATERAL (
-        SELECT min(t.scheduled_at) AS min_sched, min(t.id) AS min_id
-        FROM {T} t
-        WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
-          -- Written as a range (not "h.id IS NULL OR t.id < h.id") so the
-          -- key index stops at the head instead of reading the whole backlog.
-          AND t.status = 'pending' AND t.id >= k.floor_id AND t.id < COALESCE(h.id, 9223372036854775807)
-    ) d ON true
-    LEFT JOIN LATERAL (
-        SELECT $4::boolean AND EXISTS (
-            SELECT 1 FROM {T} f
-            WHERE f.topic = k.topic AND f.partition_key = k.partition_key{G_FK}
-              AND f.status = 'failed' AND f.id < COALESCE(h.id, 9223372036854775807)) AS blocked
-    ) b ON true
-), kept AS (
-    UPDATE {L} l
-    SET locked_by = NULL, locked_until = NULL, blocked = s.blocked,
-        -- A requeue that lowered the floor since our snapshot wins.
-        floor_id = CASE WHEN l.floor_id < s.floor_id THEN l.floor_id ELSE s.next_floor END,
-        ready_at = CASE WHEN s.blocked THEN 'infinity'::timestamptz
-                        ELSE LEAST(COALESCE(s.head_ready, 'infinity'), COALESCE(s.delayed_min, 'infinity')) END
-    FROM state s
-    WHERE l.consumer_group = s.consumer_group AND l.topic = s.topic AND l.partition_key = s.partition_key
-      AND NOT (s.head_id IS NULL AND s.delayed_min IS NULL)
-      AND ($5::boolean OR NOT s.asleep)
-    RETURNING l.ready_at
-)
-SELECT 'empty' AS kind, s.consumer_group, s.topic, s.partition_key
-FROM state s WHERE s.head_id IS NULL AND s.delayed_min IS NULL
-UNION ALL
-SELECT 'asleep', s.consumer_group, s.topic, s.partition_key
-FROM state s WHERE s.asleep AND NOT $5::boolean
-UNION ALL
-SELECT 'ready', NULL, NULL, NULL FROM kept WHERE ready_at <= now()`,
-		"{G_TK}", g("t", "k"),
-		"{G_FK}", g("f", "k"),
-	)
-
-	// Lanes found empty or asleep are settled only under a FOR UPDATE lock,
-	// which a writer's KEY SHARE lock keeps us from taking while its row is
-	// not yet committed (and which makes a writer arriving later wait for us
-	// and then see what we wrote).
-	q.lockEmpty = build(`
-SELECT l.consumer_group, l.topic, l.partition_key
-FROM {L} l
-JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
-  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-WHERE l.locked_by = $1
-FOR UPDATE OF l SKIP LOCKED`)
-
-	q.deleteEmpty = build(`
-DELETE FROM {L} l
-USING unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
-WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-  AND NOT EXISTS (
-      SELECT 1 FROM {T} t
-      WHERE t.topic = k.topic AND t.partition_key = k.pkey{G_TKG}
-        AND t.status = 'pending')
-RETURNING l.consumer_group, l.topic, l.partition_key`,
-		"{G_TKG}", gk(inbox),
-	)
-
-	// Lanes that could not be deleted (a writer is adding a row, or a row
-	// arrived) are given back ready, to be looked at again.
-	q.readyLanes = build(`
-UPDATE {L} l SET locked_by = NULL, locked_until = NULL, ready_at = now()
-FROM unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
-WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-  AND l.locked_by = $1`)
-
-	q.extendRows = build(`
-UPDATE {T} SET locked_until = now() + $2::interval
-WHERE id = ANY($3::bigint[]) AND locked_by = $1`)
-
-	// Lanes a writer is holding are skipped, not waited for.
-	q.extendLanes = build(`
-WITH mine AS (
-    SELECT l.consumer_group, l.topic, l.partition_key
-    FROM {L} l
-    JOIN unnest($3::text[], $4::text[], $5::text[]) AS k(g, topic, pkey)
-      ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-    WHERE l.locked_by = $1
-    FOR NO KEY UPDATE OF l SKIP LOCKED
-)
-UPDATE {L} l SET locked_until = now() + $2::interval
-FROM mine
-WHERE l.consumer_group = mine.consumer_group AND l.topic = mine.topic AND l.partition_key = mine.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key`)
-
-	// The sweep recreates a lane for every keyed pending row that lacks one
-	// (rows inserted with the trigger disabled, lanes deleted by hand).
-	q.sweep = build(`
-INSERT INTO {L} (consumer_group, topic, partition_key, ready_at)
-SELECT DISTINCT {SWEEPGROUP}, t.topic, t.partition_key, now()
-FROM {T} t
-WHERE t.status = 'pending' AND t.partition_key IS NOT NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM {L} l
-      WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key)
-ON CONFLICT DO NOTHING`,
-		"{SWEEPGROUP}", sweepGroup(inbox),
-	)
-
 	return q
 }
 
-// gpN restricts a row alias to the consumer group parameter p (inbox only).
-func gpN(alias, p string, inbox bool) string {
-	if !inbox {
-		return " AND " + p + "::text = ''" // outbox rows all belong to the group ''
+// adminQueries holds the statements of Admin and of the console for one
+// table, for every consumer group or (byGroup) for one. They take named
+// arguments (pgx.NamedArgs).
+type adminQueries struct {
+	stats         string
+	listFailed    string // {FILTER} rendered as filterMark
+	failedCeiling string
+	requeue       string
+	releaseRows   string
+	releaseLanes  string
+	cleanupCutoff string
+	cleanup       string
+	countCleanup  string
+	row           string
+	overview      string
+	heldKeys      string
+	leases        string
+	throughput    string
+	countFailed   string // {FILTER} rendered as filterMark
+	groups        string // inbox only
+	lane          string
+	discard       string
+	schemaObjects string
+	schemaVersion string
+
+	// The conditions of a FailedFilter (FailedFilter.conditions).
+	filterTopic, filterKey, filterErr, filterFrom, filterTo string
+}
+
+func newAdminQueries(t tableName, inbox, byGroup bool) *adminQueries {
+	r := vocab{t: t, inbox: inbox, byGroup: byGroup}.renderer()
+	q := &adminQueries{
+		stats:         r.sql("Stats"),
+		listFailed:    r.sql("ListFailed"),
+		failedCeiling: r.sql("FailedCeiling"),
+		requeue:       r.sql("RequeueFailed"),
+		releaseRows:   r.sql("ReleaseExpiredRows"),
+		releaseLanes:  r.sql("ReleaseExpiredLanes"),
+		cleanupCutoff: r.sql("CleanupCutoff"),
+		cleanup:       r.sql("Cleanup"),
+		countCleanup:  r.sql("CountCompletedOlderThan"),
+		row:           r.sql("Row"),
+		overview:      r.sql("Overview"),
+		heldKeys:      r.sql("HeldKeys"),
+		leases:        r.sql("Leases"),
+		throughput:    r.sql("Throughput"),
+		countFailed:   r.sql("CountFailed"),
+		lane:          r.sql("Lane"),
+		discard:       r.sql("Discard"),
+		schemaObjects: r.sql("SchemaObjects"),
+		schemaVersion: r.sql("AppliedVersion"),
+		filterTopic:   " " + r.sql("FilterTopic"),
+		filterKey:     " " + r.sql("FilterPartitionKey"),
+		filterErr:     " " + r.sql("FilterErrorContains"),
+		filterFrom:    " " + r.sql("FilterCreatedFrom"),
+		filterTo:      " " + r.sql("FilterCreatedBefore"),
 	}
-	return " AND " + alias + ".consumer_group = " + p
-}
-
-// laneLockKey is the advisory lock key of a lane: the lane trigger (writers,
-// shared, only while the lane is gated) and the relays waiting their turn
-// (exclusive) compute it the same way. Collisions only make a writer wait
-// for an unrelated relay's turn.
-func laneLockKey(t tableName, g, topic, key string) string {
-	lit := "'" + strings.ReplaceAll(t.String(), "'", "''") + "'"
-	return "hashtextextended(" + lit + " || '|' || " + g + " || '|' || " + topic + " || '|' || " + key + ", 0)"
-}
-
-// gk restricts rows aliased t to the group of the lanes aliased k (inbox only).
-func gk(inbox bool) string {
-	if !inbox {
-		return ""
-	}
-	return " AND t.consumer_group = k.g"
-}
-
-func sweepGroup(inbox bool) string {
 	if inbox {
-		return "t.consumer_group"
+		q.groups = r.sql("ConsumerGroups")
 	}
-	return "''"
+	return q
 }

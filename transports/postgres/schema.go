@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -183,49 +184,52 @@ func Migrate(ctx context.Context, db Beginner, tables ...Table) error {
 	if len(tables) == 0 {
 		tables = DefaultTables()
 	}
+	return underMigrationLock(ctx, db, "migrate", tables, migrateTable)
+}
+
+// underMigrationLock validates tables, then runs each for every table in one
+// transaction that holds Migrate's advisory lock; op names the work in errors.
+func underMigrationLock(ctx context.Context, db Beginner, op string, tables []Table, each func(context.Context, pgx.Tx, Table) error) error {
 	for _, t := range tables {
 		if _, err := t.parse(); err != nil {
-			return fmt.Errorf("migrate: %w", err)
+			return fmt.Errorf("%s: %w", op, err)
 		}
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: begin: %w", err)
+		return fmt.Errorf("%s: begin: %w", op, err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID); err != nil {
-		return fmt.Errorf("migrate: take advisory lock: %w", err)
+	if _, err := tx.Exec(ctx, fixedSQL("MigrationLock"), migrationLockID); err != nil {
+		return fmt.Errorf("%s: take advisory lock: %w", op, err)
 	}
 	for _, t := range tables {
-		if err := migrateTable(ctx, tx, t); err != nil {
+		if err := each(ctx, tx, t); err != nil {
 			return err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("migrate: commit: %w", err)
+		return fmt.Errorf("%s: commit: %w", op, err)
 	}
 	return nil
 }
 
 func migrateTable(ctx context.Context, tx pgx.Tx, t Table) error {
 	tn, _ := t.parse()
-	book := tableName{schema: tn.schema, name: "omnibus_schema_migrations"}.quoted()
+	r := vocab{t: tn, inbox: t.Kind == KindInbox}.renderer()
 	if tn.schema != "" {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{tn.schema}.Sanitize()); err != nil {
+		if _, err := tx.Exec(ctx, r.sql("CreateSchema")); err != nil {
 			return fmt.Errorf("migrate %q: create schema: %w", t.Name, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+book+` (
-		table_name text NOT NULL,
-		version    integer NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now(),
-		PRIMARY KEY (table_name, version))`); err != nil {
+	if _, err := tx.Exec(ctx, r.sql("CreateMigrationsTable")); err != nil {
 		return fmt.Errorf("migrate %q: create bookkeeping table: %w", t.Name, err)
 	}
 	var current int
-	if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+book+` WHERE table_name = $1`, tn.name).Scan(&current); err != nil {
+	if err := tx.QueryRow(ctx, r.sql("AppliedVersion"), tn.name).Scan(&current); err != nil {
 		return fmt.Errorf("migrate %q: read applied version: %w", t.Name, err)
 	}
+	record := r.sql("RecordVersion")
 	for _, m := range migrations {
 		if m.version <= current {
 			continue
@@ -237,8 +241,45 @@ func migrateTable(ctx context.Context, tx pgx.Tx, t Table) error {
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("migrate %q: apply %s: %w", t.Name, m.name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+book+` (table_name, version) VALUES ($1, $2)`, tn.name, m.version); err != nil {
+		if _, err := tx.Exec(ctx, record, tn.name, m.version); err != nil {
 			return fmt.Errorf("migrate %q: record %s: %w", t.Name, m.name, err)
+		}
+	}
+	return nil
+}
+
+// Drop removes tables (at least one must be given) with everything Migrate
+// made for them: each table and its lanes table (their data, triggers and
+// indexes), their trigger functions, and their migration records, so that a
+// later Migrate starts over. Tables that do not exist are skipped, and a
+// table's Kind does not matter. It runs in
+// one transaction under Migrate's advisory lock. It is for tests, demos and
+// tearing down an environment; it never runs on its own.
+func Drop(ctx context.Context, db Beginner, tables ...Table) error {
+	if len(tables) == 0 {
+		return errors.New("drop: no tables given")
+	}
+	return underMigrationLock(ctx, db, "drop", tables, dropTable)
+}
+
+func dropTable(ctx context.Context, tx pgx.Tx, t Table) error {
+	tn, _ := t.parse()
+	r := vocab{t: tn, inbox: t.Kind == KindInbox}.renderer()
+	if _, err := tx.Exec(ctx, r.sql("DropTables")); err != nil {
+		return fmt.Errorf("drop %q: %w", t.Name, err)
+	}
+	if _, err := tx.Exec(ctx, r.sql("DropFunctions")); err != nil {
+		return fmt.Errorf("drop %q: trigger functions: %w", t.Name, err)
+	}
+	var booked bool
+	err := tx.QueryRow(ctx, r.sql("SchemaObjects"), tn.quoted(), tn.derived("_lanes").quoted(), migrationsBook(tn)).
+		Scan(new(bool), &booked)
+	if err != nil {
+		return fmt.Errorf("drop %q: %w", t.Name, err)
+	}
+	if booked {
+		if _, err := tx.Exec(ctx, r.sql("ForgetMigrations"), tn.name); err != nil {
+			return fmt.Errorf("drop %q: migration records: %w", t.Name, err)
 		}
 	}
 	return nil

@@ -45,6 +45,32 @@ func TestMigrate_IsIdempotentAndCreatesIndexes(t *testing.T) {
 	assert.Equal(t, 2*len(migrations), versions, "each migration recorded once per table")
 }
 
+func TestDrop_RemovesWhatMigrateMadeSoMigrateStartsOver(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	schema := testenv.Name(t)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	})
+	tables := []Table{OutboxTable(schema + ".outbox"), InboxTable(schema + ".inbox")}
+	require.NoError(t, Migrate(ctx, pool, tables...))
+	objects := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'omnibus_schema_migrations')
+			+ (SELECT count(*) FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace WHERE s.nspname = $1)
+			+ (SELECT count(*) FROM `+pgx.Identifier{schema, "omnibus_schema_migrations"}.Sanitize()+`)`, schema).Scan(&n))
+		return n
+	}
+	require.Equal(t, 4+4+2*len(migrations), objects(), "two tables, two lanes tables, four trigger functions, the migration records")
+
+	require.NoError(t, Drop(ctx, pool, tables...))
+	assert.Zero(t, objects(), "Drop leaves no table, function or migration record of its tables")
+	require.NoError(t, Drop(ctx, pool, tables...), "dropping what is not there is a no-op")
+	require.NoError(t, Migrate(ctx, pool, tables...))
+	assert.Equal(t, 4+4+2*len(migrations), objects(), "Migrate starts over after Drop")
+	assert.Error(t, Drop(ctx, pool), "Drop needs its tables named")
+}
+
 func TestMigrationSQL_PrintsQuotedIdentifiers(t *testing.T) {
 	t.Parallel()
 	sql, err := MigrationSQL(OutboxTable("events.Outbox"))

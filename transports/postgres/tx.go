@@ -61,7 +61,7 @@ func (s *Subscriber) CompleteInTx(ctx context.Context, tx pgx.Tx, msg *message.M
 	// The lease counted this delivery (attempts = d.Attempts + 1); the
 	// completion takes the count back and is guarded by it, so it completes
 	// only the delivery it belongs to.
-	tag, err := tx.Exec(ctx, completeRowSQL(s.eng.q.table), id, s.cfg.WorkerID, d.Attempts+1)
+	tag, err := tx.Exec(ctx, s.eng.q.completeRow, id, s.cfg.WorkerID, d.Attempts+1)
 	if err != nil {
 		return fmt.Errorf("complete row %d of %q: %w", id, s.cfg.Table, err)
 	}

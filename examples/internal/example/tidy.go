@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
@@ -55,28 +56,25 @@ func TidyWhenDone(what string, drop func(context.Context) error) (done func()) {
 
 // DropTables drops omnibus outbox and inbox tables (unqualified names in the
 // search path) together with their lanes tables, trigger functions and
-// migration records, and the example's own plain tables.
+// migration records (postgres.Drop), and the example's own plain tables.
 func DropTables(ctx context.Context, pool *pgxpool.Pool, omnibusTables []string, plainTables ...string) error {
-	var drop, funcs, names []string
-	for _, t := range omnibusTables {
-		drop = append(drop, pgx.Identifier{t}.Sanitize(), pgx.Identifier{t + "_lanes"}.Sanitize())
-		funcs = append(funcs, pgx.Identifier{t + "_lane_fn"}.Sanitize()+"()", pgx.Identifier{t + "_notify_fn"}.Sanitize()+"()")
-		names = append(names, "'"+strings.ReplaceAll(t, "'", "''")+"'")
+	if len(omnibusTables) > 0 {
+		tables := make([]postgres.Table, len(omnibusTables))
+		for i, t := range omnibusTables {
+			tables[i] = postgres.OutboxTable(t) // Drop treats both kinds alike
+		}
+		if err := postgres.Drop(ctx, pool, tables...); err != nil {
+			return fmt.Errorf("drop the example's tables: %w", err)
+		}
 	}
+	if len(plainTables) == 0 {
+		return nil
+	}
+	var drop []string
 	for _, t := range plainTables {
 		drop = append(drop, pgx.Identifier{t}.Sanitize())
 	}
-	sql := `DROP TABLE IF EXISTS ` + strings.Join(drop, ", ") + ` CASCADE;`
-	if len(omnibusTables) > 0 {
-		sql += `
-		DROP FUNCTION IF EXISTS ` + strings.Join(funcs, ", ") + `;
-		DO $$ BEGIN
-			IF to_regclass('omnibus_schema_migrations') IS NOT NULL THEN
-				DELETE FROM omnibus_schema_migrations WHERE table_name IN (` + strings.Join(names, ", ") + `);
-			END IF;
-		END $$`
-	}
-	if _, err := pool.Exec(ctx, sql); err != nil {
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+strings.Join(drop, ", ")+` CASCADE`); err != nil {
 		return fmt.Errorf("drop the example's tables: %w", err)
 	}
 	return nil

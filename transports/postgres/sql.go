@@ -1,0 +1,129 @@
+package postgres
+
+import (
+	"embed"
+	"strings"
+
+	"github.com/omnibus-go/omnibus/internal/sqlfile"
+)
+
+// Every SQL statement of the transport lives in the named blocks of the
+// files in sql/ (the migrations, versioned templates of their own, live in
+// migrations/). They are parsed once, when the package is initialised, and
+// each component renders the ones it runs for its table when it is
+// constructed.
+//
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+var statements = sqlfile.MustParse(sqlFS, "sql")
+
+// The placeholders of the statements. The table's names are the only values
+// that come from outside, and they are validated and quoted (ident.go); every
+// other placeholder is one of two fixed texts, chosen by whether the table is
+// an inbox (whose rows carry a consumer group; an outbox's rows do not, and
+// its lanes all belong to the empty group) and whether an Admin is restricted to
+// one consumer group.
+//
+//	{T} {L} {M}     the table, its lanes table, the migrations bookkeeping
+//	                table of its schema (quoted)
+//	{LANE_FN} {NOTIFY_FN}  its trigger functions (quoted, schema-qualified)
+//	{LANE_LOCK_KEY} the advisory lock key of the lane ($1, $2, $3) = (group,
+//	                topic, key), computed as the lane trigger computes it
+//	{G_T} {G_F}     engine, inbox: rows t / f belong to the group of lane
+//	{G_TK} {G_FK}   engine, inbox: rows t / f belong to the group of k
+//	{G_TKG}         engine, inbox: rows t belong to the group k.g
+//	{GP_T}          engine: rows t belong to the group $9 (outbox: $9 is '')
+//	{SWEEPGROUP}    engine: the group of a row t ('' for the outbox)
+//	{GROUP_T} {GROUP_L}  Admin of one group: rows t / lanes l are @group's
+//	{GL_T}          admin, inbox: rows t belong to the group of lane l
+//	{GCOL} {MSGID}  admin: a row's group and message id ('' for the outbox)
+//	{COMPLETED}     console: the CompletedCapped or CompletedNotCounted fragment
+//	{KEY_COUNTS}    admin, console: the KeyCounts fragment
+//	{FILTER}        admin: where a FailedFilter's conditions go, per call
+//	{SCHEMA}        CreateSchema: the table's schema (quoted)
+//	{CHANNEL}       Listen, Unlisten: a table's channel (quoted)
+type vocab struct {
+	t       tableName
+	inbox   bool
+	byGroup bool
+}
+
+// filterMark is what {FILTER} renders to when a component is built; each call
+// replaces it with the conditions of its FailedFilter.
+const filterMark = "/* filter */"
+
+// replacer returns the values of every placeholder for v.
+func (v vocab) replacer() *strings.Replacer {
+	t := v.t
+	kv := []string{
+		"{T}", t.quoted(),
+		"{L}", t.derived("_lanes").quoted(),
+		"{M}", migrationsBook(t),
+		"{LANE_FN}", t.qualifiedIdent("_lane_fn"),
+		"{NOTIFY_FN}", t.qualifiedIdent("_notify_fn"),
+		"{LANE_LOCK_KEY}", laneLockKey(t, "$1", "$2", "$3"),
+		"{FILTER}", filterMark,
+	}
+	if t.schema != "" {
+		kv = append(kv, "{SCHEMA}", quoteIdent(t.schema))
+	}
+	var gt, gf, gtk, gfk, gtkg string
+	gpt, sweep := " AND $9::text = ''", "''" // outbox rows all belong to the group ''
+	var groupT, groupL, glt string
+	gcol, msgid := "''::text", "''::text"
+	if v.inbox {
+		gt, gf = " AND t.consumer_group = lane.consumer_group", " AND f.consumer_group = lane.consumer_group"
+		gtk, gfk = " AND t.consumer_group = k.consumer_group", " AND f.consumer_group = k.consumer_group"
+		gtkg, gpt, sweep = " AND t.consumer_group = k.g", " AND t.consumer_group = $9", "t.consumer_group"
+		glt, gcol, msgid = " AND t.consumer_group = l.consumer_group", "t.consumer_group", "t.message_id"
+		if v.byGroup {
+			groupT, groupL = " AND t.consumer_group = @group", " AND l.consumer_group = @group"
+		}
+	}
+	kv = append(kv,
+		"{G_T}", gt, "{G_F}", gf, "{G_TK}", gtk, "{G_FK}", gfk, "{G_TKG}", gtkg,
+		"{GP_T}", gpt, "{SWEEPGROUP}", sweep,
+		"{GROUP_T}", groupT, "{GROUP_L}", groupL, "{GL_T}", glt, "{GCOL}", gcol, "{MSGID}", msgid,
+	)
+	completed := "CompletedCapped"
+	if v.byGroup {
+		completed = "CompletedNotCounted"
+	}
+	fragments := strings.NewReplacer(kv...)
+	kv = append(kv,
+		"{COMPLETED}", fragments.Replace(statements.Block(completed).SQL),
+		"{KEY_COUNTS}", fragments.Replace(statements.Block("KeyCounts").SQL))
+	return strings.NewReplacer(kv...)
+}
+
+// renderer renders named statements for one vocab, with one replacer.
+type renderer struct{ r *strings.Replacer }
+
+func (v vocab) renderer() renderer { return renderer{v.replacer()} }
+
+// sql renders the statement called name; it panics when no file defines it.
+func (r renderer) sql(name string) string { return statements.Render(name, r.r) }
+
+// fixedSQL is a statement without placeholders.
+func fixedSQL(name string) string { return statements.Render(name, nil) }
+
+// channelSQL renders Listen or Unlisten for a channel.
+func channelSQL(name, channel string) string {
+	return statements.Render(name, strings.NewReplacer("{CHANNEL}", quoteIdent(channel)))
+}
+
+// migrationsBook is the quoted bookkeeping table of t's schema, the one
+// Migrate records applied versions in.
+func migrationsBook(t tableName) string {
+	return tableName{schema: t.schema, name: "omnibus_schema_migrations"}.quoted()
+}
+
+// laneLockKey is the advisory lock key of a lane: the lane trigger (writers,
+// shared, only while the lane is gated) and the relays waiting their turn
+// (exclusive, the LaneLock statement) compute it the same way. Collisions
+// only make a writer wait for an unrelated relay's turn.
+func laneLockKey(t tableName, g, topic, key string) string {
+	lit := "'" + strings.ReplaceAll(t.String(), "'", "''") + "'"
+	return "hashtextextended(" + lit + " || '|' || " + g + " || '|' || " + topic + " || '|' || " + key + ", 0)"
+}

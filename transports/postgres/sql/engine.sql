@@ -1,0 +1,406 @@
+-- The statements of the delivery engine (engine.go): fetching (lanes, then
+-- rows), settling, reconciling and extending leases, and the lane sweep.
+--
+-- The SQL of each block is byte for byte the text queries.go built before the
+-- statements moved here; see sql.go for the placeholders ({T}, {L} and the
+-- consumer-group conditions that only an inbox table has).
+
+-- name: LeaseLanes
+-- The fetch is two statements in one short transaction (engine.fetch):
+--
+-- leaseLanes leases up to $3 ready lanes (keys), oldest ready first. It
+-- locks them FOR UPDATE SKIP LOCKED, which conflicts with the KEY SHARE
+-- lock every writer of a key holds on its lane from before its rows get
+-- their ids until it commits: a lane with a writer in flight is skipped,
+-- so no row of a key is handed out while a row with a smaller id may
+-- still commit (DESIGN §4.3 rule 6). The lock is held until the fetch
+-- commits, so pick, a later statement with a later snapshot, sees every
+-- row of those keys that will ever have a smaller id than the rows it
+-- hands out.
+UPDATE {L} l
+SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
+FROM (
+    SELECT c.consumer_group, c.topic, c.partition_key
+    FROM {L} c
+    WHERE c.ready_at <= statement_timestamp()
+      AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
+      AND ($4::text IS NULL OR c.topic = $4)
+      AND c.consumer_group = $5 -- outbox lanes all belong to the group ''
+    ORDER BY c.ready_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+) c
+WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
+
+-- name: Pick
+-- Both statements compare with statement_timestamp(), not now(): now()
+-- is the start of the fetch's transaction, and a writer whose transaction
+-- started after it but committed before our lane lock has a scheduled_at
+-- (its own now()) later than that. Its row would look delayed, never
+-- tried, and not hold its key back: the rows behind it would go first.
+--
+-- pick chooses and leases the rows of the lanes leaseLanes (or KeepLane)
+-- returned ($3..$5; only those this worker holds, $1) and up to $7
+-- unkeyed rows:
+--  line:  for each lane, the first $6 rows that are "in line" (due, leased,
+--         or tried and waiting), in id order. Delayed rows never tried are
+--         not in line and hold nothing back. With the Block policy ($10)
+--         a failed row holds back every later row of its key.
+--  run:   the longest prefix of those rows that is deliverable now (due and
+--         not leased): the key's head and the run behind it. It ends at
+--         the first row left over from a lease that expired without a
+--         settlement (locked_by still set): the process holding it may
+--         have died on it, and every row of a run is counted when it is
+--         leased, so rows behind a message that kills the process are not
+--         leased with it again and again. After a crash the key goes one
+--         such row at a time; only the message that kills the process
+--         spends its attempts.
+--  loose: up to $7 due unkeyed rows, locked FOR UPDATE SKIP LOCKED.
+-- picked leases them, re-checking at lock time that each row is still
+-- pending, due and free (a relay whose lease expired may settle a row
+-- between our snapshot and our lock). A run row that fails the re-check
+-- ends its run: ok is false for it and every row behind it, and the
+-- caller releases those it leased.
+--
+-- A delivery is counted when it is leased (attempts + 1, as River does),
+-- so a message whose handling kills the process still spends its
+-- attempt; the settlement then takes back what it should not have cost
+-- (a transient failure, a row released unhandled). A row still leased
+-- (locked_by set, its lease expired) lost its last lease without a
+-- settlement; when its attempts are all spent, exhausted fails it,
+-- saying so, instead of handing it out again. RETURNING gives attempts spent before this
+-- delivery, which is what bus.Delivery reports.
+WITH lane AS (
+    SELECT k.*
+    FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
+    JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
+    WHERE l.locked_by = $1
+), line AS (
+    SELECT lane.topic, lane.partition_key, r.id, r.deliverable, r.leftover
+    FROM lane CROSS JOIN LATERAL (
+        SELECT t.id,
+               (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable,
+               t.locked_by IS NOT NULL AS leftover
+        FROM {T} t
+        WHERE t.topic = lane.topic AND t.partition_key = lane.partition_key{G_T}
+          AND t.status = 'pending' AND t.id >= lane.floor_id
+          AND (t.scheduled_at <= statement_timestamp() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
+          AND NOT ($10::boolean AND EXISTS (
+              SELECT 1 FROM {T} f
+              WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
+                AND f.status = 'failed' AND f.id < t.id))
+        ORDER BY t.id
+        LIMIT $6
+    ) r
+), run AS (
+    SELECT id, topic, partition_key FROM (
+        SELECT id, topic, partition_key,
+               bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok,
+               COALESCE(bool_or(leftover) OVER (PARTITION BY topic, partition_key ORDER BY id
+                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS after_leftover
+        FROM line
+    ) x
+    WHERE ok AND NOT after_leftover
+), loose AS (
+    SELECT t.id
+    FROM {T} t
+    WHERE t.status = 'pending' AND t.partition_key IS NULL AND t.scheduled_at <= statement_timestamp()
+      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
+      AND ($8::text IS NULL OR t.topic = $8){GP_T}
+    ORDER BY t.scheduled_at, t.id
+    LIMIT $7
+    FOR UPDATE SKIP LOCKED
+), exhausted AS (
+    UPDATE {T} t
+    SET status = 'failed', locked_by = NULL, locked_until = NULL,
+        last_error = format('omnibus: gave up after %s attempts: the last delivery''s lease expired without a settlement '
+                            '(the process handling it died or lost its lease: a panic past the Recoverer, os.Exit, OOM)', t.attempts)
+                     || COALESCE('; the error before: ' || t.last_error, '')
+    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
+      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
+      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
+      AND t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts
+    RETURNING t.id
+), picked AS (
+    UPDATE {T} t
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, attempts = t.attempts + 1
+    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
+      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
+      AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
+      AND NOT (t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts)
+    RETURNING t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
+              t.attempts - 1 AS attempts, t.max_attempts, t.created_at
+), handed AS (
+    SELECT r.id, bool_and(p.id IS NOT NULL) OVER (PARTITION BY r.topic, r.partition_key ORDER BY r.id) AS ok
+    FROM run r LEFT JOIN picked p ON p.id = r.id
+)
+SELECT COALESCE(h.ok, true) AS ok, p.id, p.event_id, p.topic, p.partition_key, p.event_type, p.payload, p.metadata,
+       p.attempts, p.max_attempts, p.created_at
+FROM picked p LEFT JOIN handed h ON h.id = p.id
+
+-- name: GateLanes
+-- A relay waits its turn on a lane that writers never leave free (a hot
+-- key with overlapping writers, where SKIP LOCKED would skip it forever):
+-- it closes the lane's gate, so writers arriving from then on queue on
+-- the lane's advisory lock (lanes.gated, see the lane trigger), takes
+-- that lock exclusively, and waits, with a lock timeout, for the writers
+-- that came before the gate. Then it leases the lane as leaseLanes does.
+UPDATE {L} l SET gated = true
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
+WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+  AND NOT l.gated
+
+-- name: LaneLock
+SELECT pg_advisory_xact_lock({LANE_LOCK_KEY})
+
+-- name: LeaseLane
+UPDATE {L} l
+SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
+FROM (
+    SELECT c.consumer_group, c.topic, c.partition_key
+    FROM {L} c
+    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
+      AND c.ready_at <= statement_timestamp()
+      AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
+    FOR UPDATE
+) c
+WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
+
+-- name: Bookkeeping
+-- Bookkeeping is the first statement of every transaction of the engine
+-- (engine.go says why): they change only its own state, and commit without
+-- waiting for the WAL flush.
+SELECT set_config('synchronous_commit', 'off', true)
+
+-- name: KeepLane
+-- KeepLane keeps a lane this worker holds for its next run (engine.next):
+-- it renews the lane's lease and locks it FOR UPDATE NOWAIT, which fails
+-- at once (lock_not_available) while a writer of the key is in flight, so
+-- that Pick, the next statement of the same transaction, sees every row
+-- that will ever have a smaller id than the rows it hands out, as after
+-- LeaseLanes. No row when the lease is no longer ours.
+UPDATE {L} l
+SET locked_until = statement_timestamp() + $2::interval
+FROM (
+    SELECT c.consumer_group, c.topic, c.partition_key
+    FROM {L} c
+    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5 AND c.locked_by = $1
+    FOR UPDATE NOWAIT
+) c
+WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+RETURNING l.floor_id
+
+-- name: StarvedLanes
+-- starved lists lanes that have been ready and free for $1 without any
+-- relay leasing them: writers are holding them.
+SELECT l.consumer_group, l.topic, l.partition_key
+FROM {L} l
+WHERE l.ready_at <= now() - $1::interval
+  AND (l.locked_until IS NULL OR l.locked_until < now())
+  AND ($2::text IS NULL OR l.topic = $2)
+  AND l.consumer_group = $3
+ORDER BY l.ready_at
+LIMIT $4
+
+-- name: Settle
+-- Settlement of many rows in one statement, guarded by the lease so a
+-- worker whose lease was taken over never clobbers the new holder's row.
+-- Acks ($2, with $12 the attempts their lease set) are addressed by
+-- id = ANY(...), which the planner always serves from the primary key;
+-- an ack completes the row even from an older lease (it was delivered)
+-- and takes back its lease's count when it is the current one, so a
+-- completed row's attempts are its counted failures. Releases ($3, rows given back unhandled,
+-- with $10 the attempts their lease set) and failures ($4..$9, few)
+-- carry the attempts value of the lease they settle: the lease counted
+-- the delivery, a release takes it back, a failure keeps it (inc 1) or
+-- takes it back (inc 0, transient), and a settlement from an older lease
+-- of the same row (re-leased after its lease expired, even by the same
+-- worker) changes nothing, so attempts equal the counted failures
+-- exactly. op n = nack (may fail the row), p = plain nack (counts an
+-- attempt, retries after TransientDelay, keeps the row pending: a Nack
+-- without a settlement means "deliver again", as everywhere in
+-- Watermill).
+WITH acked AS (
+    UPDATE {T} t
+    SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
+        attempts = t.attempts - (t.attempts = u.lease)::int
+    FROM unnest($2::bigint[], $12::int[]) AS u(id, lease)
+    WHERE t.id = u.id AND t.id = ANY($2::bigint[]) AND t.locked_by = $1
+    RETURNING 1
+), released AS (
+    UPDATE {T} t
+    SET locked_by = NULL, locked_until = NULL, attempts = t.attempts - 1
+    FROM unnest($3::bigint[], $10::int[]) AS u(id, lease)
+    WHERE t.id = u.id AND t.id = ANY($3::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
+    RETURNING 1
+), failed AS (
+    UPDATE {T} t SET
+        status = CASE
+            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc - 1 >= t.max_attempts) THEN 'failed'
+            ELSE t.status END,
+        attempts     = t.attempts + u.inc - 1,
+        last_error   = u.err,
+        scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
+        locked_by    = NULL,
+        locked_until = NULL
+    FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[], $11::int[])
+         AS u(id, op, inc, give_up, retry_at, err, lease)
+    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)
+
+-- name: LockLanes
+-- Reconciling lanes is two statements in one transaction: lock the lanes
+-- we hold, then (in a later statement, so with a snapshot that sees every
+-- writer that held a lane lock before us) compute each lane's next ready
+-- time from its rows, and delete the lanes that have no pending rows.
+SELECT l.consumer_group, l.topic, l.partition_key
+FROM {L} l
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
+  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+WHERE l.locked_by = $1
+FOR NO KEY UPDATE OF l SKIP LOCKED
+
+-- name: OwnedLanes
+SELECT l.consumer_group, l.topic, l.partition_key
+FROM {L} l
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
+  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+WHERE l.locked_by = $1
+
+-- name: Reconcile
+WITH k AS (
+    SELECT k.*, l.floor_id
+    FROM unnest($1::text[], $2::text[], $3::text[], $6::bigint[]) AS k(consumer_group, topic, partition_key, last_id)
+    JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
+), state AS (
+    SELECT k.consumer_group, k.topic, k.partition_key, h.id AS head_id, h.ready AS head_ready,
+           d.min_sched AS delayed_min, b.blocked, k.floor_id,
+           -- The next floor: the first pending row, at most one past the
+           -- last row the fetch handed out (rows after it may belong to a
+           -- writer that has not committed); unchanged without one.
+           CASE WHEN k.last_id > 0 THEN GREATEST(k.floor_id, LEAST(
+               COALESCE(d.min_id, 9223372036854775807), COALESCE(h.id, 9223372036854775807), k.last_id + 1))
+           ELSE k.floor_id END AS next_floor,
+           -- Asleep: nothing in line, only delayed rows; the lane would sleep
+           -- until the first is due. See engine.reconcile for why that needs
+           -- a stronger lock.
+           (h.id IS NULL AND d.min_sched > now() AND NOT b.blocked) AS asleep
+    FROM k
+    LEFT JOIN LATERAL (
+        SELECT t.id, CASE WHEN t.locked_until > now() THEN t.locked_until ELSE t.scheduled_at END AS ready
+        FROM {T} t
+        WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
+          AND t.status = 'pending' AND t.id >= k.floor_id
+          AND (t.scheduled_at <= now() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
+        ORDER BY t.id
+        LIMIT 1
+    ) h ON true
+    LEFT JOIN LATERAL (
+        SELECT min(t.scheduled_at) AS min_sched, min(t.id) AS min_id
+        FROM {T} t
+        WHERE t.topic = k.topic AND t.partition_key = k.partition_key{G_TK}
+          -- Written as a range (not "h.id IS NULL OR t.id < h.id") so the
+          -- key index stops at the head instead of reading the whole backlog.
+          AND t.status = 'pending' AND t.id >= k.floor_id AND t.id < COALESCE(h.id, 9223372036854775807)
+    ) d ON true
+    LEFT JOIN LATERAL (
+        SELECT $4::boolean AND EXISTS (
+            SELECT 1 FROM {T} f
+            WHERE f.topic = k.topic AND f.partition_key = k.partition_key{G_FK}
+              AND f.status = 'failed' AND f.id < COALESCE(h.id, 9223372036854775807)) AS blocked
+    ) b ON true
+), kept AS (
+    UPDATE {L} l
+    SET locked_by = NULL, locked_until = NULL, blocked = s.blocked,
+        -- A requeue that lowered the floor since our snapshot wins.
+        floor_id = CASE WHEN l.floor_id < s.floor_id THEN l.floor_id ELSE s.next_floor END,
+        ready_at = CASE WHEN s.blocked THEN 'infinity'::timestamptz
+                        ELSE LEAST(COALESCE(s.head_ready, 'infinity'), COALESCE(s.delayed_min, 'infinity')) END
+    FROM state s
+    WHERE l.consumer_group = s.consumer_group AND l.topic = s.topic AND l.partition_key = s.partition_key
+      AND NOT (s.head_id IS NULL AND s.delayed_min IS NULL)
+      AND ($5::boolean OR NOT s.asleep)
+    RETURNING l.ready_at
+)
+SELECT 'empty' AS kind, s.consumer_group, s.topic, s.partition_key
+FROM state s WHERE s.head_id IS NULL AND s.delayed_min IS NULL
+UNION ALL
+SELECT 'asleep', s.consumer_group, s.topic, s.partition_key
+FROM state s WHERE s.asleep AND NOT $5::boolean
+UNION ALL
+SELECT 'ready', NULL, NULL, NULL FROM kept WHERE ready_at <= now()
+
+-- name: LockEmptyLanes
+-- Lanes found empty or asleep are settled only under a FOR UPDATE lock,
+-- which a writer's KEY SHARE lock keeps us from taking while its row is
+-- not yet committed (and which makes a writer arriving later wait for us
+-- and then see what we wrote).
+SELECT l.consumer_group, l.topic, l.partition_key
+FROM {L} l
+JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
+  ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+WHERE l.locked_by = $1
+FOR UPDATE OF l SKIP LOCKED
+
+-- name: DeleteEmptyLanes
+DELETE FROM {L} l
+USING unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
+WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+  AND NOT EXISTS (
+      SELECT 1 FROM {T} t
+      WHERE t.topic = k.topic AND t.partition_key = k.pkey{G_TKG}
+        AND t.status = 'pending')
+RETURNING l.consumer_group, l.topic, l.partition_key
+
+-- name: ReadyLanes
+-- Lanes that could not be deleted (a writer is adding a row, or a row
+-- arrived) are given back ready, to be looked at again.
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL, ready_at = now()
+FROM unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
+WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+  AND l.locked_by = $1
+
+-- name: ExtendRows
+UPDATE {T} SET locked_until = now() + $2::interval
+WHERE id = ANY($3::bigint[]) AND locked_by = $1
+
+-- name: ExtendLanes
+-- Lanes a writer is holding are skipped, not waited for.
+WITH mine AS (
+    SELECT l.consumer_group, l.topic, l.partition_key
+    FROM {L} l
+    JOIN unnest($3::text[], $4::text[], $5::text[]) AS k(g, topic, pkey)
+      ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
+    WHERE l.locked_by = $1
+    FOR NO KEY UPDATE OF l SKIP LOCKED
+)
+UPDATE {L} l SET locked_until = now() + $2::interval
+FROM mine
+WHERE l.consumer_group = mine.consumer_group AND l.topic = mine.topic AND l.partition_key = mine.partition_key
+RETURNING l.consumer_group, l.topic, l.partition_key
+
+-- name: SweepLanes
+-- The sweep recreates a lane for every keyed pending row that lacks one
+-- (rows inserted with the trigger disabled, lanes deleted by hand).
+INSERT INTO {L} (consumer_group, topic, partition_key, ready_at)
+SELECT DISTINCT {SWEEPGROUP}, t.topic, t.partition_key, now()
+FROM {T} t
+WHERE t.status = 'pending' AND t.partition_key IS NOT NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM {L} l
+      WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key)
+ON CONFLICT DO NOTHING
+
+-- name: CompleteRow
+-- Subscriber.CompleteInTx (was completeRowSQL in inbox_queries.go): completes
+-- one leased row in the caller's transaction. The lease guard makes it a no-op
+-- (0 rows) when another worker took the row over; the caller must then roll
+-- back. Clearing locked_by also turns the subscriber's later batched ack of
+-- the row into a no-op.
+UPDATE {T}
+SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL, attempts = attempts - 1
+WHERE id = $1 AND locked_by = $2 AND status = 'pending' AND attempts = $3

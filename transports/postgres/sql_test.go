@@ -1,0 +1,135 @@
+package postgres
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/internal/sqlfile"
+	"github.com/omnibus-go/omnibus/internal/testenv"
+)
+
+// Statements that only one kind of table has the columns for.
+var (
+	outboxOnly = map[string]bool{"InsertOutbox": true}
+	inboxOnly  = map[string]bool{"InsertInbox": true, "RemoveInbox": true, "ConsumerGroups": true}
+)
+
+// prepareAll prepares every statement of sql/ (fragments inside the
+// statements that use them) for v, on a connection where v's tables exist.
+// It returns how many it prepared.
+func prepareAll(t *testing.T, conn *pgxpool.Conn, v vocab) int {
+	t.Helper()
+	ctx := context.Background()
+	r := v.replacer()
+	a := newAdminQueries(v.t, v.inbox, v.byGroup)
+	every := FailedFilter{Topic: "t", PartitionKey: "k", ErrorContains: "e"}
+	every.CreatedFrom, every.CreatedBefore = time.Now(), time.Now()
+	n := 0
+	for _, name := range statements.Names() {
+		b := statements.Block(name)
+		switch {
+		case b.Fragment:
+			continue // prepared inside the statements that use them
+		case outboxOnly[name] && v.inbox, inboxOnly[name] && !v.inbox:
+			continue
+		case name == "CreateSchema" && v.t.schema == "":
+			continue
+		}
+		var sql string
+		switch name {
+		case "Listen", "Unlisten":
+			sql = channelSQL(name, v.t.channel())
+		case "ListFailed":
+			sql = a.failedMatching(every)
+		case "CountFailed":
+			sql = a.countMatching(every)
+		default:
+			sql = statements.Render(name, r)
+		}
+		if strings.Contains(sql, "@") {
+			// Admin's statements take pgx.NamedArgs, which pgx rewrites to
+			// $n before the server sees them; do the same.
+			var err error
+			sql, _, err = pgx.NamedArgs{}.RewriteQuery(ctx, conn.Conn(), sql, nil)
+			require.NoError(t, err, "rewrite the named arguments of %s", name)
+		}
+		_, err := conn.Conn().PgConn().Prepare(ctx, "", sql, nil)
+		require.NoError(t, err, "statement %s (sql/%s) does not prepare against %s %s (group filter %v):\n%s",
+			name, b.File, map[bool]string{false: "outbox", true: "inbox"}[v.inbox], v.t, v.byGroup, sql)
+		n++
+	}
+	return n
+}
+
+// Every statement of every file parses and plans against real, migrated
+// tables of each kind, in a schema of its own and not, for every consumer
+// group and for one: PREPARE resolves every table, column, type and
+// parameter, and refuses two statements in one block.
+func TestSQLFiles_EveryStatementPreparesAgainstMigratedTables(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	name := testenv.Name(t)
+	name = "q" + name[len(name)-40:] // room for the suffixes
+	schema := "s_" + name
+	tables := []Table{OutboxTable(name + "_o"), InboxTable(name + "_i"),
+		OutboxTable(schema + ".o"), InboxTable(schema + ".i")}
+	require.NoError(t, Migrate(ctx, pool, tables...))
+	t.Cleanup(func() {
+		_ = Drop(context.Background(), pool, tables...)
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+quoteIdent(schema)+` CASCADE`)
+	})
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+
+	prepared := 0
+	for _, tb := range tables {
+		tn, err := parseTableName(tb.Name)
+		require.NoError(t, err)
+		inbox := tb.Kind == KindInbox
+		prepared += prepareAll(t, conn, vocab{t: tn, inbox: inbox})
+		if inbox {
+			prepared += prepareAll(t, conn, vocab{t: tn, inbox: true, byGroup: true})
+		}
+	}
+	assert.Greater(t, prepared, 3*len(statements.Names()), "every statement was prepared for several tables")
+}
+
+// A statement that no code names any more is dead: it must leave the files,
+// not linger there unreviewed. Every name in sql/ is spelled out by a string
+// literal of the package's Go code, and the components look them up when
+// they are built.
+func TestSQLFiles_EveryStatementIsUsed(t *testing.T) {
+	unused, err := sqlfile.Unreferenced(statements, ".")
+	require.NoError(t, err)
+	assert.Empty(t, unused, "statements in sql/ that no Go file of the package looks up")
+
+	tn, err := parseTableName("used_check")
+	require.NoError(t, err)
+	newQueries(tn, false)
+	newQueries(tn, true)
+	newAdminQueries(tn, false, false)
+	newAdminQueries(tn, true, false)
+	newAdminQueries(tn, true, true)
+	looked := statements.LookedUp()
+	for _, name := range []string{"InsertOutbox", "InsertInbox", "Pick", "Settle", "CompleteRow", "Overview",
+		"CompletedCapped", "CompletedNotCounted", "FilterTopic", "ConsumerGroups", "AppliedVersion"} {
+		assert.True(t, looked[name], "building the components looks up %s", name)
+	}
+}
+
+// Looking up a statement that no file defines is a programming error, and it
+// fails loudly, naming the statement.
+func TestSQLFiles_MissingStatementPanics(t *testing.T) {
+	assert.PanicsWithValue(t, `sqlfile: no statement named "NoSuchStatement" (the .sql files define `+
+		strings.Join(statements.Names(), ", ")+`)`,
+		func() { vocab{}.renderer().sql("NoSuchStatement") })
+}
