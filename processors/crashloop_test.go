@@ -181,3 +181,26 @@ func TestDispatcher_CrashLoopEndsAfterMaxAttempts(t *testing.T) {
 	crashes := superviseCrashLoop(t, pool, "dispatch", in.Table())
 	checkCrashLoopEnded(t, pool, "dispatch", in.Table(), crashes)
 }
+
+// TestOutboxRelay_CrashLoopFailsOnlyTheKiller gives every row of the key the
+// killer's budget: the rows leased in the same run as the killer (before it,
+// its ack perhaps not written when the process died, and behind it, never
+// delivered) must not spend their budget with it. Only the killer fails.
+func TestOutboxRelay_CrashLoopFailsOnlyTheKiller(t *testing.T) {
+	t.Parallel()
+	pool, ob := newTable(t)
+	msgs := []*message.Message{keyed(crashKey, `"before"`), keyed(crashKey, killerPayload),
+		keyed(crashKey, `"after-1"`), keyed(crashKey, `"after-2"`)}
+	for _, m := range msgs {
+		postgres.SetMaxAttempts(m, crashBudget)
+	}
+	require.NoError(t, ob.Enqueue(context.Background(), pool, crashTopic, msgs...))
+	crashes := superviseCrashLoop(t, pool, "relay", ob.Table())
+	rows, _ := pool.Query(context.Background(), "SELECT row_to_json(x)::text FROM (SELECT id, convert_from(payload,'UTF8') p, status, attempts, locked_by, last_error FROM "+pgx.Identifier{ob.Table()}.Sanitize()+" ORDER BY id) x")
+	for rows.Next() {
+		var s string
+		rows.Scan(&s)
+		t.Log("DBG", s)
+	}
+	checkCrashLoopEnded(t, pool, "relay", ob.Table(), crashes)
+}

@@ -185,7 +185,7 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64) (fetchResult,
 	b := &pgx.Batch{}
 	b.Queue(e.q.bookkeeping)
 	b.Queue(e.q.keepLane, e.worker, e.lease, k.group, k.topic, k.key)
-	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1})
+	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1}, true)
 	start := time.Now()
 	br := e.pool.SendBatch(ctx, b)
 	res, err := e.scanNext(br, start)
@@ -277,7 +277,7 @@ func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *str
 			leased[i], floors[i] = l.key, l.floor
 		}
 		g, t, k := laneArrays(leased)
-		rows, err := tx.Query(ctx, e.q.pick, e.worker, e.lease, g, t, k, e.run, loose, topicArg, e.group, e.block, floors)
+		rows, err := tx.Query(ctx, e.q.pick, e.worker, e.lease, g, t, k, e.run, loose, topicArg, e.group, e.block, floors, false)
 		if err != nil {
 			return err
 		}

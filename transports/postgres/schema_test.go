@@ -251,7 +251,7 @@ func TestFetch_QueryPlanUsesIndexes(t *testing.T) {
 	for i := range tp {
 		tp[i] = "t"
 	}
-	rows, err := pool.Query(ctx, "EXPLAIN "+ob.q.pick, "w", time.Second, g, tp, keys, 16, 100, topic, "", false, make([]int64, 100))
+	rows, err := pool.Query(ctx, "EXPLAIN "+ob.q.pick, "w", time.Second, g, tp, keys, 16, 100, topic, "", false, make([]int64, 100), false)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -55,7 +55,10 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
 --         leased, so rows behind a message that kills the process are not
 --         leased with it again and again. After a crash the key goes one
 --         such row at a time; only the message that kills the process
---         spends its attempts.
+--         spends its attempts. With $12 (engine.next, which takes a
+--         key's next run before the acks of the last one are surely
+--         written) such a row does not start a run either: the key is
+--         given back, its acks are written, and a fetch takes the row.
 --  loose: up to $7 due unkeyed rows, locked FOR UPDATE SKIP LOCKED.
 -- picked leases them, re-checking at lock time that each row is still
 -- pending, due and free (a relay whose lease expired may settle a row
@@ -95,13 +98,13 @@ WITH lane AS (
     ) r
 ), run AS (
     SELECT id, topic, partition_key FROM (
-        SELECT id, topic, partition_key,
+        SELECT id, topic, partition_key, leftover,
                bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok,
                COALESCE(bool_or(leftover) OVER (PARTITION BY topic, partition_key ORDER BY id
                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS after_leftover
         FROM line
     ) x
-    WHERE ok AND NOT after_leftover
+    WHERE ok AND NOT after_leftover AND NOT (leftover AND $12::boolean)
 ), loose AS (
     SELECT t.id
     FROM {T} t
