@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
@@ -141,20 +142,7 @@ func label(sql string) string {
 }
 
 func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if isFetch(d.SQL) {
-		t.mu.Lock()
-		if t.sql == "" {
-			t.sql, t.args = d.SQL, slices.Clone(d.Args)
-		}
-		t.mu.Unlock()
-	}
-	if isLease(d.SQL) {
-		t.mu.Lock()
-		if t.leaseSQL == "" {
-			t.leaseSQL, t.leaseArgs = d.SQL, slices.Clone(d.Args)
-		}
-		t.mu.Unlock()
-	}
+	t.capture(d.SQL, d.Args)
 	return context.WithValue(ctx, traceKey{}, traceStart{label: label(d.SQL), at: time.Now()})
 }
 
@@ -163,22 +151,66 @@ func (t *tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQuer
 	if !ok {
 		return
 	}
-	el := time.Since(st.at)
+	t.record(st.label, time.Since(st.at), d.CommandTag, d.Err)
+}
+
+// batchClock times the statements of one batch: each is charged the time
+// since the previous one's result was read (the first, since the batch was
+// sent), so the round trip is charged to the first.
+type batchClock struct{ last time.Time }
+
+type batchKey struct{}
+
+func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return context.WithValue(ctx, batchKey{}, &batchClock{last: time.Now()})
+}
+
+func (t *tracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	t.capture(d.SQL, d.Args)
+	c, ok := ctx.Value(batchKey{}).(*batchClock)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	el := now.Sub(c.last)
+	c.last = now
+	t.record(label(d.SQL), el, d.CommandTag, d.Err)
+}
+
+func (t *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// capture keeps the first fetch statement and the first lane lease seen.
+func (t *tracer) capture(sql string, args []any) {
+	if !isFetch(sql) && !isLease(sql) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if isFetch(sql) && t.sql == "" {
+		t.sql, t.args = sql, slices.Clone(args)
+	}
+	if isLease(sql) && t.leaseSQL == "" {
+		t.leaseSQL, t.leaseArgs = sql, slices.Clone(args)
+	}
+}
+
+// record adds one statement's time to the profile.
+func (t *tracer) record(label string, el time.Duration, tag pgconn.CommandTag, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.profile == nil {
 		t.profile = map[string]*stmtStat{}
 	}
-	p := t.profile[st.label]
+	p := t.profile[label]
 	if p == nil {
 		p = &stmtStat{}
-		t.profile[st.label] = p
+		t.profile[label] = p
 	}
 	p.n++
 	p.total += el
-	if strings.HasPrefix(st.label, "fetch") {
+	if strings.HasPrefix(label, "fetch") {
 		t.times = append(t.times, el)
-		if d.Err == nil && d.CommandTag.RowsAffected() > 0 {
+		if err == nil && tag.RowsAffected() > 0 {
 			t.nonEmpty++
 		}
 	}

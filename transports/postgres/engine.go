@@ -174,9 +174,12 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 // are seen again when the lane is given back, which is why a Subscriber
 // continues a lane for at most chainFor.
 //
+// acks, the acks of the key's run before (already emitted and acked), are
+// written in the same transaction, first; when next fails they are not.
+//
 // The result has no units when the lane has nothing deliverable now or is
 // no longer this worker's; the caller then gives the lane back.
-func (e *engine) next(ctx context.Context, k laneKey, after int64) (fetchResult, error) {
+func (e *engine) next(ctx context.Context, k laneKey, after int64, acks []settleOp) (fetchResult, error) {
 	// One round trip: the batch's statements run in one implicit
 	// transaction, each with its own snapshot, so pick sees what keepLane's
 	// lock guarantees. pick takes rows only from lanes this worker holds, so
@@ -184,11 +187,15 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64) (fetchResult,
 	g, t, kk := laneArrays([]laneKey{k})
 	b := &pgx.Batch{}
 	b.Queue(e.q.bookkeeping)
+	b.Queue(e.q.generic)
+	if len(acks) > 0 {
+		b.Queue(e.q.settle, e.settleArgs(acks)...)
+	}
 	b.Queue(e.q.keepLane, e.worker, e.lease, k.group, k.topic, k.key)
 	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1}, true)
 	start := time.Now()
 	br := e.pool.SendBatch(ctx, b)
-	res, err := e.scanNext(br, start)
+	res, err := e.scanNext(br, start, len(acks) > 0)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -198,9 +205,16 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64) (fetchResult,
 	return res, nil
 }
 
-func (e *engine) scanNext(br pgx.BatchResults, start time.Time) (fetchResult, error) {
-	if _, err := br.Exec(); err != nil {
-		return fetchResult{}, err
+func (e *engine) scanNext(br pgx.BatchResults, start time.Time, settled bool) (fetchResult, error) {
+	for range 2 { // Bookkeeping, GenericPlans
+		if _, err := br.Exec(); err != nil {
+			return fetchResult{}, err
+		}
+	}
+	if settled {
+		if _, err := br.Exec(); err != nil {
+			return fetchResult{}, err
+		}
 	}
 	tag, err := br.Exec()
 	if err != nil {
@@ -396,6 +410,27 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	if len(ops) == 0 {
 		return 0, nil
 	}
+	// One round trip, one implicit transaction (see Bookkeeping).
+	b := &pgx.Batch{}
+	b.Queue(e.q.bookkeeping)
+	b.Queue(e.q.settle, e.settleArgs(ops)...)
+	var n int64
+	br := e.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&n)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
+	}
+	return n, nil
+}
+
+// settleArgs are the arguments of the Settle statement for ops.
+func (e *engine) settleArgs(ops []settleOp) []any {
 	var (
 		acks, releases []int64
 		ackLeases      []int32
@@ -426,24 +461,7 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 			leases = append(leases, int32(o.lease))
 		}
 	}
-	// One round trip, one implicit transaction (see Bookkeeping).
-	b := &pgx.Batch{}
-	b.Queue(e.q.bookkeeping)
-	b.Queue(e.q.settle, e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs,
-		releaseLeases, leases, ackLeases)
-	var n int64
-	br := e.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&n)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
-	}
-	return n, nil
+	return []any{e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs, releaseLeases, leases, ackLeases}
 }
 
 // settleIsolating writes ops like settle. When PostgreSQL refuses the batch

@@ -21,6 +21,7 @@ type queries struct {
 	leaseLane    string
 	keepLane     string
 	bookkeeping  string
+	generic      string
 	starved      string
 	settle       string
 	lockLanes    string
@@ -50,6 +51,7 @@ func newQueries(t tableName, inbox bool) *queries {
 		leaseLane:   r.sql("LeaseLane"),
 		keepLane:    r.sql("KeepLane"),
 		bookkeeping: r.sql("Bookkeeping"),
+		generic:     r.sql("GenericPlans"),
 		starved:     r.sql("StarvedLanes"),
 		settle:      r.sql("Settle"),
 		lockLanes:   r.sql("LockLanes"),

@@ -218,7 +218,8 @@ const chainFor = 250 * time.Millisecond
 
 // deliver emits the runs of u's key one at a time: the rows of a run one at
 // a time, each after the previous one was acked, and, while every row is
-// acked, the key's next run (engine.next) until the key has nothing
+// acked and the run was a full RunLength, the key's next run (engine.next,
+// taken while the run before is emitted) until the key has nothing
 // deliverable, a writer holds it, or chainFor has passed. A nack settles its
 // row and releases the rest of the run.
 func (sub *subscription) deliver(base, ctx context.Context, u unit) {
@@ -233,46 +234,102 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		sub.units.Done()
 	}()
 	chained := time.Now()
-	for sub.emit(base, ctx, u) && u.lane != nil && time.Since(chained) < chainFor && ctx.Err() == nil {
-		next, ok := sub.next(ctx, u)
-		if !ok {
+	var written []settleOp // acks of the run before, written by the next run's transaction
+	for {
+		// The key's next run is taken while this one is emitted, so that
+		// its round trip overlaps the handlers, and its transaction writes
+		// the acks of the run before. A run shorter than RunLength ended at
+		// the last row in line when it was picked: the key most likely has
+		// nothing more, and a fetch finds what writers add later.
+		var ahead chan nextRun
+		if u.lane != nil && len(u.rows) == s.eng.run && time.Since(chained) < chainFor {
+			ahead = make(chan nextRun, 1)
+			go func(u unit, acks []settleOp) { ahead <- sub.next(ctx, u, acks) }(u, written)
+		} else {
+			sub.settleAll(written)
+		}
+		var acks []settleOp
+		all := sub.emit(base, ctx, u, &acks)
+		if ahead == nil {
+			sub.settleAll(acks)
 			return
 		}
-		s.tracked.continued(u, next)
-		u = next
+		n := <-ahead
+		if !n.settled {
+			sub.settleAll(n.acks)
+		}
+		if n.unit.lane == nil {
+			sub.settleAll(acks)
+			return
+		}
+		if !all || ctx.Err() != nil || !n.unit.lease.held(time.Now()) {
+			// This run stopped (a nack, shutdown, a lost lease), or it took
+			// longer than the next run's lease: give the next run back
+			// unhandled (no attempt spent).
+			sub.settleAll(acks)
+			sub.release(n.unit.rows)
+			return
+		}
+		s.tracked.continued(u, n.unit)
+		u, written = n.unit, acks
 	}
 }
 
-// next takes the next run of u's key, which this worker still holds, or
-// reports false (the key is given back).
-func (sub *subscription) next(ctx context.Context, u unit) (unit, bool) {
+// nextRun is what subscription.next found: the key's next run (lane nil for
+// none), and whether the acks given to it were written.
+type nextRun struct {
+	unit    unit
+	acks    []settleOp
+	settled bool
+}
+
+// settleAll hands ops to the flusher.
+func (sub *subscription) settleAll(ops []settleOp) {
+	for _, o := range ops {
+		sub.s.flush.settle(o)
+	}
+}
+
+// next takes the next run of u's key, which this worker still holds, and
+// writes acks, the acks of the run before u, in the same transaction.
+func (sub *subscription) next(ctx context.Context, u unit, acks []settleOp) nextRun {
 	s := sub.s
+	n := nextRun{acks: acks}
 	start := time.Now()
-	res, err := s.eng.next(ctx, *u.lane, u.rows[len(u.rows)-1].id)
+	res, err := s.eng.next(ctx, *u.lane, u.rows[len(u.rows)-1].id, acks)
 	if err != nil && isLockTimeout(err) {
-		return unit{}, false // a writer of the key is in flight: give it back, it gets its turn
+		return n // a writer of the key is in flight: give it back, it gets its turn
 	}
 	s.observeFetch(res, time.Since(start), err)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("omnibus: taking the next run of a key failed; giving the key back", "error", err, "topic", u.lane.topic)
 		}
-		return unit{}, false
+		return n
 	}
+	n.settled = true
 	for _, r := range res.cut {
 		s.flush.settle(r.settle('r'))
 	}
-	if len(res.units) == 0 {
-		return unit{}, false
+	if len(res.units) > 0 {
+		n.unit = res.units[0]
 	}
-	return res.units[0], true
+	return n
 }
 
+// collectFor bounds how long emit keeps acks for the caller to write with
+// the key's next run: a run whose handlers are slow hands its acks to the
+// flusher as they come, so that a relay that dies redelivers few acked rows.
+const collectFor = 20 * time.Millisecond
+
 // emit emits the rows of u one at a time, each after the previous one was
-// acked, and reports whether all were acked. A nack settles its row and
-// releases the rest of the run.
-func (sub *subscription) emit(base, ctx context.Context, u unit) bool {
+// acked, and reports whether all were acked. For collectFor it appends the
+// acks to acks (the caller writes them), then it hands them and the later
+// ones to the flusher; a nack settles its row and releases the rest of the
+// run.
+func (sub *subscription) emit(base, ctx context.Context, u unit, acks *[]settleOp) bool {
 	s := sub.s
+	collectUntil := time.Now().Add(collectFor)
 	for i, r := range u.rows {
 		if ctx.Err() != nil {
 			sub.release(u.rows[i:])
@@ -298,6 +355,12 @@ func (sub *subscription) emit(base, ctx context.Context, u unit) bool {
 		cancel()
 		switch out {
 		case acked:
+			if time.Now().Before(collectUntil) {
+				*acks = append(*acks, r.settle('a'))
+				break
+			}
+			sub.settleAll(*acks)
+			*acks = nil
 			s.flush.settle(r.settle('a'))
 		case nacked:
 			s.flush.settle(s.nackOp(msg, r))
