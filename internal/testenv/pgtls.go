@@ -27,8 +27,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// PostgresBinDir is where StartTLSPostgres looks for initdb and postgres
-// first (the Debian package postgresql-15); PATH is searched next.
+// PostgresBinDir is where StartTLSPostgres and StartPrivatePostgres look for
+// initdb and postgres first (the Debian package postgresql-15); PATH is
+// searched next.
 const PostgresBinDir = "/usr/lib/postgresql/15/bin"
 
 // TLSPostgres is a private PostgreSQL cluster started by StartTLSPostgres
@@ -107,19 +108,7 @@ func StartTLSPostgres(t testing.TB) *TLSPostgres {
 	postgresBin := findPostgresBin(t, "postgres")
 	cred := postgresCredential(t)
 
-	// A short path of our own, not t.TempDir: the Unix socket's path must
-	// fit in 107 bytes, and t.TempDir's parent is 0700 root, which the
-	// postgres user cannot enter.
-	dir, err := os.MkdirTemp("", "omnibus-pgtls-")
-	if err != nil {
-		t.Fatalf("make a directory for the private PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o700); err != nil {
-		t.Fatalf("chmod %s: %v", dir, err)
-	}
-	data := filepath.Join(dir, "data")
-
+	dir := clusterDir(t, "omnibus-pgtls-", cred)
 	p := &TLSPostgres{
 		Host:      "127.0.0.1",
 		OtherHost: "127.0.0.2",
@@ -130,10 +119,7 @@ func StartTLSPostgres(t testing.TB) *TLSPostgres {
 	}
 	serverCert, serverKey := writeTLSFiles(t, dir, p)
 	chownTree(t, dir, cred)
-
-	run(t, cred, initdb, "-D", data, "-U", "postgres", "-E", "UTF8", "--locale=C",
-		"--auth-local=trust", "--auth-host=reject", "--no-sync", "--no-instructions")
-	hba := strings.Join([]string{
+	data := initCluster(t, cred, initdb, dir, "reject", strings.Join([]string{
 		"# omnibus testenv.StartTLSPostgres: TLS only over TCP",
 		"local    all  postgres                    trust",
 		"hostssl  all  " + p.CertUser + "  127.0.0.1/32  cert",
@@ -143,30 +129,20 @@ func StartTLSPostgres(t testing.TB) *TLSPostgres {
 		"hostnossl all all  127.0.0.1/32  reject",
 		"hostnossl all all  127.0.0.2/32  reject",
 		"",
-	}, "\n")
-	writeFile(t, filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600)
-	chownTree(t, data, cred)
+	}, "\n"))
 
-	// A free port can be taken by someone else before postgres binds it:
-	// try a few.
-	var lastErr error
-	for range 3 {
-		p.Port = FreePort(t)
-		stop, err := startPostgres(t, cred, postgresBin, dir, data, p.Port, serverCert, serverKey, p.CAFile)
-		if err == nil {
-			t.Cleanup(stop)
-			lastErr = nil
-			break
-		}
-		lastErr = err
-	}
-	if lastErr != nil {
-		t.Fatalf("start the private TLS PostgreSQL: %v", lastErr)
-	}
+	srv := startOnFreePort(t, "the private TLS PostgreSQL", func(port int) (*pgServer, error) {
+		p.Port = port
+		return startPostgres(t, cred, postgresBin, dir, data, port,
+			filepath.Join(dir, "postgres-"+strconv.Itoa(port)+".log"),
+			"listen_addresses=127.0.0.1,127.0.0.2",
+			"ssl=on", "ssl_cert_file="+serverCert, "ssl_key_file="+serverKey, "ssl_ca_file="+p.CAFile)
+	})
+	t.Cleanup(srv.stop)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", dir, p.Port))
+	conn, err := pgx.Connect(ctx, socketDSN(dir, p.Port))
 	if err != nil {
 		t.Fatalf("connect to the private PostgreSQL over its Unix socket in %s: %v", dir, err)
 	}
@@ -185,30 +161,124 @@ func StartTLSPostgres(t testing.TB) *TLSPostgres {
 	return p
 }
 
-// startPostgres starts postgres and returns once it accepts connections on
-// its Unix socket, with a func that stops it (fast shutdown, then kill).
-// An error carries the tail of the server's log.
-func startPostgres(t testing.TB, cred *syscall.Credential, bin, dir, data string, port int, cert, key, ca string) (func(), error) {
+// clusterDir makes a fresh directory for a private cluster, removed when
+// the test ends, and gives it to cred's user. It is a short path of our own,
+// not t.TempDir: the Unix socket's path must fit in 107 bytes, and
+// t.TempDir's parent is 0700 root, which the postgres user cannot enter.
+func clusterDir(t testing.TB, prefix string, cred *syscall.Credential) string {
 	t.Helper()
-	logPath := filepath.Join(dir, "postgres-"+strconv.Itoa(port)+".log")
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatalf("make a directory for the private PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatalf("chmod %s: %v", dir, err)
+	}
+	chownTree(t, dir, cred)
+	return dir
+}
+
+// initCluster runs initdb into dir/data (superuser postgres, trust over the
+// Unix socket, authHost over TCP until hba replaces pg_hba.conf) and returns
+// the data directory.
+func initCluster(t testing.TB, cred *syscall.Credential, initdb, dir, authHost, hba string) string {
+	t.Helper()
+	data := filepath.Join(dir, "data")
+	run(t, cred, initdb, "-D", data, "-U", "postgres", "-E", "UTF8", "--locale=C",
+		"--auth-local=trust", "--auth-host="+authHost, "--no-sync", "--no-instructions")
+	writeFile(t, filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600)
+	chownTree(t, data, cred)
+	return data
+}
+
+// startOnFreePort starts a server on a free port with start, trying a few
+// ports (a free port can be taken by someone else before postgres binds
+// it); it fails the test naming what after the last try.
+func startOnFreePort(t testing.TB, what string, start func(port int) (*pgServer, error)) *pgServer {
+	t.Helper()
+	var lastErr error
+	for range 3 {
+		srv, err := start(FreePort(t))
+		if err == nil {
+			return srv
+		}
+		lastErr = err
+	}
+	t.Fatalf("start %s: %v", what, lastErr)
+	return nil
+}
+
+// socketDSN connects as the superuser postgres over the cluster's Unix
+// socket in dir, which only the server's OS user (and root) can open.
+func socketDSN(dir string, port int) string {
+	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", dir, port)
+}
+
+// pgServer is a running postmaster.
+type pgServer struct {
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when the postmaster has exited
+	err     error         // its exit status, once exited is closed
+	logPath string
+}
+
+// stop shuts the server down cleanly (fast shutdown: a checkpoint, every
+// commit kept), killing it after 30s.
+func (s *pgServer) stop() { s.signal(syscall.SIGINT) }
+
+// crash shuts the server down as a crash would (immediate shutdown: no
+// checkpoint, WAL not yet written by the WAL writer is lost, and the next
+// start runs crash recovery), killing it after 30s.
+func (s *pgServer) crash() { s.signal(syscall.SIGQUIT) }
+
+func (s *pgServer) signal(sig syscall.Signal) {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(sig)
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// log returns the tail of the server's log.
+func (s *pgServer) log() string {
+	b, _ := os.ReadFile(s.logPath)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// startPostgres starts postgres on data and returns once it accepts
+// connections on its Unix socket in dir. Its output goes to logPath;
+// settings are more -c name=value settings (listen_addresses among them).
+// An error carries the tail of the server's log.
+func startPostgres(t testing.TB, cred *syscall.Credential, bin, dir, data string, port int, logPath string, settings ...string) (*pgServer, error) {
+	t.Helper()
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", logPath, err)
 	}
 	defer func() { _ = logFile.Close() }()
-	cmd := exec.Command(bin, "-D", data,
-		"-c", "port="+strconv.Itoa(port),
-		"-c", "listen_addresses=127.0.0.1,127.0.0.2",
-		"-c", "unix_socket_directories="+dir,
+	args := []string{"-D", data,
+		"-c", "port=" + strconv.Itoa(port),
+		"-c", "unix_socket_directories=" + dir,
 		"-c", "unix_socket_permissions=0700",
-		"-c", "ssl=on",
-		"-c", "ssl_cert_file="+cert,
-		"-c", "ssl_key_file="+key,
-		"-c", "ssl_ca_file="+ca,
 		"-c", "fsync=off",
 		"-c", "max_connections=30",
 		"-c", "shared_buffers=16MB",
-	)
+	}
+	for _, s := range settings {
+		args = append(args, "-c", s)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	// Pdeathsig: a test binary killed on timeout does not leave a server.
@@ -216,42 +286,28 @@ func startPostgres(t testing.TB, cred *syscall.Credential, bin, dir, data string
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	logTail := func() string {
-		b, _ := os.ReadFile(logPath)
-		if len(b) > 2000 {
-			b = b[len(b)-2000:]
-		}
-		return string(b)
-	}
-	dsn := fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", dir, port)
+	srv := &pgServer{cmd: cmd, exited: make(chan struct{}), logPath: logPath}
+	go func() {
+		srv.err = cmd.Wait()
+		close(srv.exited)
+	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		conn, err := pgx.Connect(ctx, dsn)
+		conn, err := pgx.Connect(ctx, socketDSN(dir, port))
 		cancel()
 		if err == nil {
 			_ = conn.Close(context.Background())
-			return stop, nil
+			return srv, nil
 		}
 		select {
-		case werr := <-exited:
-			return nil, fmt.Errorf("postgres on port %d exited at start (%v); its log:\n%s", port, werr, logTail())
+		case <-srv.exited:
+			return nil, fmt.Errorf("postgres on port %d exited at start (%v); its log:\n%s", port, srv.err, srv.log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			stop()
-			return nil, fmt.Errorf("postgres on port %d does not accept connections after 60s (%v); its log:\n%s", port, err, logTail())
+			srv.stop()
+			return nil, fmt.Errorf("postgres on port %d does not accept connections after 60s (%v); its log:\n%s", port, err, srv.log())
 		}
 		time.Sleep(50 * time.Millisecond) // polling with a deadline
 	}
@@ -267,7 +323,7 @@ func findPostgresBin(t testing.TB, name string) string {
 	if p, err := exec.LookPath(name); err == nil {
 		return p
 	}
-	t.Fatalf("PostgreSQL's %s is neither in %s nor on PATH: this test runs a private TLS-enabled PostgreSQL 15.\n"+
+	t.Fatalf("PostgreSQL's %s is neither in %s nor on PATH: this test runs a private PostgreSQL 15.\n"+
 		"Install it with `make services` (Debian: apt-get install postgresql).", name, PostgresBinDir)
 	return ""
 }
