@@ -40,12 +40,12 @@ type fixture struct {
 	outAdm, inAdm *postgres.Admin
 	srv           *httptest.Server
 	client        *http.Client
-	logs          *syncBuffer
+	logs          *testenv.LogBuffer
 }
 
 func newFixture(t *testing.T, configure func(*console.Config)) *fixture {
 	t.Helper()
-	f := &fixture{t: t, pool: testenv.Postgres(t), logs: &syncBuffer{}}
+	f := &fixture{t: t, pool: testenv.Postgres(t), logs: &testenv.LogBuffer{}}
 	name := testenv.Name(t)
 	if len(name) > 34 { // leave room for the suffixes within PostgreSQL's name limit
 		name = "c" + name[len(name)-33:]
@@ -273,24 +273,6 @@ func cell(t *testing.T, body, table, group, class string) string {
 	m := regexp.MustCompile(`<td class="` + class + `">(.*?)</td>`).FindStringSubmatch(row)
 	require.NotNil(t, m, "no %s cell in row %s", class, row)
 	return strings.TrimSpace(regexp.MustCompile(`<[^>]+>`).ReplaceAllString(m[1], ""))
-}
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newFixtureClient is a second browser (its own cookies) on f's console.

@@ -36,10 +36,10 @@ func freePort(t *testing.T) int {
 // startDevKafka runs `omnibus dev kafka args...` in process and returns its
 // output (growing while it runs), a stop function that cancels its context
 // and returns its result, and the environment line it printed.
-func startDevKafka(t *testing.T, args ...string) (out *syncBuffer, stop func() result, envLine string) {
+func startDevKafka(t *testing.T, args ...string) (out *testenv.LogBuffer, stop func() result, envLine string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.LogBuffer
 	a := &app{stdout: &stdout, stderr: &stderr, lookupEnv: func(string) (string, bool) { return "", false }}
 	done := make(chan int, 1)
 	go func() { done <- a.run(ctx, append([]string{"dev", "kafka"}, args...)) }()

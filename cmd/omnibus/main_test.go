@@ -29,24 +29,6 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-// syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type result struct {
 	stdout, stderr string
 	code           int
@@ -61,7 +43,7 @@ func cli(t *testing.T, ctx context.Context, args ...string) result {
 
 func cliWith(t *testing.T, ctx context.Context, a *app, args ...string) result {
 	t.Helper()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.LogBuffer
 	a.stdout, a.stderr = &stdout, &stderr
 	if a.lookupEnv == nil {
 		a.lookupEnv = func(string) (string, bool) { return "", false }

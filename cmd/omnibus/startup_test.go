@@ -89,7 +89,7 @@ func postgresBehind(t *testing.T, port int) (dsn, target string) {
 // serving is a relay or ingest running in process, whose stderr the test
 // reads while it runs.
 type serving struct {
-	stderr    syncBuffer
+	stderr    testenv.LogBuffer
 	cancel    context.CancelFunc
 	done      chan int
 	listening atomic.Bool // the metrics endpoint was started
@@ -247,7 +247,7 @@ func TestWaitReachable_RetriesTransientErrorsOnly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var logs syncBuffer
+			var logs testenv.LogBuffer
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
 			var n atomic.Int32
 			err := waitReachable(context.Background(), logger, "PostgreSQL", func(context.Context) error {

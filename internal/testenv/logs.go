@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// LogBuffer collects the lines of a JSON slog handler that writes while a
-// test reads.
+// LogBuffer collects what a program writes (a slog handler's lines, a
+// command's output) while a test reads it; safe for concurrent use.
 type LogBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -21,6 +21,13 @@ func (l *LogBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Records returns the JSON log records written so far; a line that is not

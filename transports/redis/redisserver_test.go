@@ -1,18 +1,18 @@
 package redis_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
 	"os/exec"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
 // privateRedis is a redis-server process of the test's own, for what the
@@ -40,7 +40,7 @@ func startPrivateRedis(t *testing.T, args func(port int) []string, ping func(ctx
 		addr := "127.0.0.1:" + strconv.Itoa(port)
 		full := append([]string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args(port)...)
 		cmd := exec.Command(bin, full...)
-		out := &syncBuffer{}
+		out := &testenv.LogBuffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start(), "start redis-server")
 		exited := make(chan struct{}) // closed when the process has exited
@@ -96,25 +96,6 @@ func freePort(t *testing.T) int {
 	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's writes and the
-// test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startPlainRedis starts a private redis-server without TLS, with extra
