@@ -232,3 +232,75 @@ func logSummary(records []map[string]any) map[string]int {
 	}
 	return out
 }
+
+// TestSubscriber_SettlementsBackOffWhileTheDatabaseIsDown acks many messages
+// while the database is down. The settlements cannot be written; the
+// Subscriber must try again with backoff, not once per ack that arrives
+// (a full settlement batch used to be written at once whatever the backoff:
+// one failed statement and one ERROR line per ack). When the database is
+// back, every settlement is written and no row is lost.
+func TestSubscriber_SettlementsBackOffWhileTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPrivatePostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, pg.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	table := testenv.Name(t)
+	require.NoError(t, Migrate(ctx, pool, OutboxTable(table)))
+	ob, err := NewOutbox(OutboxConfig{Table: table})
+	require.NoError(t, err)
+	const rows = 200
+	msgs := make([]*message.Message, rows)
+	for i := range msgs {
+		msgs[i] = event("", "r"+strconv.Itoa(i)) // unkeyed: all in flight at once
+	}
+	require.NoError(t, ob.Enqueue(ctx, pool, "t", msgs...))
+
+	logs := &testenv.LogBuffer{}
+	s, err := NewSubscriber(pool, SubscriberConfig{Table: table, SettleBatch: 10, Lease: time.Minute,
+		MaxInFlight: rows, BatchSize: rows}, slog.New(slog.NewJSONHandler(logs, nil)))
+	require.NoError(t, err)
+	defer s.Close()
+	ch, err := s.Subscribe(ctx, AllTopics)
+	require.NoError(t, err)
+	held := make([]*message.Message, 0, rows)
+	for len(held) < rows {
+		select {
+		case m := <-ch:
+			held = append(held, m)
+		case <-ctx.Done():
+			t.Fatalf("only %d of %d rows delivered", len(held), rows)
+		}
+	}
+
+	pg.Crash(t)
+	for _, m := range held {
+		m.Ack()
+	}
+	time.Sleep(time.Second) // the outage the settlements see
+	failed := 0
+	for _, r := range logs.Records(t) {
+		if msg, _ := r["msg"].(string); strings.Contains(msg, "writing settlements failed") {
+			failed++
+		}
+	}
+	// Backoff from 50 ms doubling to 1 s: at most a handful of attempts in
+	// a second.
+	require.LessOrEqual(t, failed, 8, "failed settlement writes in one second of outage (one per ack would be about %d)", rows)
+
+	pg.Restart(t)
+	// The crash may have rolled back the leases (the relay's bookkeeping
+	// commits asynchronously): those rows are delivered again, and acked.
+	go func() {
+		for m := range ch {
+			m.Ack()
+		}
+	}()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE status = 'completed'`).Scan(&n)
+		return err == nil && n == rows
+	}, "every settlement written once the database is back")
+}

@@ -104,7 +104,9 @@ func (f *flusher) run() {
 		select {
 		case it := <-f.in:
 			add(it)
-			if len(ops) >= f.s.cfg.SettleBatch {
+			// A full batch is written at once, unless writing is failing:
+			// then the backoff timer (armed) decides when to try again.
+			if len(ops) >= f.s.cfg.SettleBatch && failures == 0 {
 				if armed && !timer.Stop() {
 					<-timer.C
 				}
