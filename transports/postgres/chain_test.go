@@ -141,3 +141,53 @@ func idsByPayload(t *testing.T, pool *pgxpool.Pool, ob *Outbox) map[string]int64
 	require.NoError(t, rows.Err())
 	return ids
 }
+
+// TestNext_TakesTheRunAfterOnlyWhileTheKeyIsHeld drives engine.next by
+// hand: it hands out the rows after the last run while the worker holds the
+// key, and nothing once another worker has taken the key over (its lease
+// ran out), even though the first worker still asks for it.
+func TestNext_TakesTheRunAfterOnlyWhileTheKeyIsHeld(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	msgs := make([]*message.Message, 40)
+	for i := range msgs {
+		msgs[i] = event("k", "r"+strconv.Itoa(i))
+	}
+	enqueue(t, pool, ob, "t", msgs...)
+	a, b := testEngine(pool, ob, "a", 16), testEngine(pool, ob, "b", 16)
+
+	first, err := a.fetch(ctx, AllTopics, 10, 10)
+	require.NoError(t, err)
+	require.Len(t, first.units, 1)
+	run := first.units[0]
+	require.Len(t, run.rows, 16)
+
+	next, err := a.next(ctx, *run.lane, run.rows[15].id, nil)
+	require.NoError(t, err)
+	require.Len(t, next.units, 1, "the key is still a's: its next run")
+	assert.Equal(t, payloads(msgsRows(t, 16, 32)), payloads(next.units[0].rows), "the 16 rows after the first run, in order")
+
+	// a stops (as if SIGSTOPped) and its leases run out; b takes the key.
+	_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
+		UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
+	require.NoError(t, err)
+	taken, err := b.fetch(ctx, AllTopics, 10, 10)
+	require.NoError(t, err)
+	require.Len(t, taken.units, 1, "b took the key")
+
+	last := next.units[0].rows[15].id
+	late, err := a.next(ctx, *run.lane, last, nil)
+	require.NoError(t, err)
+	assert.Empty(t, late.units, "a no longer holds the key: next hands out nothing")
+}
+
+// msgsRows names the payloads r<from>..r<to-1> as rows, for comparing runs.
+func msgsRows(t *testing.T, from, to int) []row {
+	t.Helper()
+	var rs []row
+	for i := from; i < to; i++ {
+		rs = append(rs, row{payload: []byte("r" + strconv.Itoa(i))})
+	}
+	return rs
+}
