@@ -315,9 +315,21 @@ func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *str
 
 // leaseBatch sends b and returns the lanes its last statement leased (none
 // when b holds only Bookkeeping).
-func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) (ll []leasedLane, err error) {
+func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) ([]leasedLane, error) {
+	if b.Len() == 1 { // Bookkeeping alone: no lanes to lease
+		return nil, tx.SendBatch(ctx, b).Close()
+	}
+	return batchLast(ctx, tx, b, scanLeased)
+}
+
+// batchLast sends b through db (the pool, or a transaction), runs every
+// statement but the last for its effect, and scans the rows of the last.
+// Without a transaction the statements run in one implicit transaction.
+func batchLast[T any](ctx context.Context, db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, b *pgx.Batch, scan func(pgx.Rows) (T, error)) (out T, err error) {
 	n := b.Len()
-	br := tx.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -325,17 +337,14 @@ func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) (ll []leasedLane, 
 	}()
 	for range n - 1 {
 		if _, err := br.Exec(); err != nil {
-			return nil, err
+			return out, err
 		}
-	}
-	if n == 1 {
-		return nil, nil
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, err
+		return out, err
 	}
-	return scanLeased(rows)
+	return scan(rows)
 }
 
 // scanPicked reads pick's rows into units; rows whose run was cut by the
@@ -414,15 +423,9 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(e.q.bookkeeping)
 	b.Queue(e.q.settle, e.settleArgs(ops)...)
-	var n int64
-	br := e.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&n)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	n, err := batchLast(ctx, e.pool, b, func(rows pgx.Rows) (int64, error) {
+		return pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	})
 	if err != nil {
 		return 0, fmt.Errorf("settle %d rows of %q: %w", len(ops), e.q.table, err)
 	}
@@ -575,24 +578,11 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 }
 
 // lockLanes runs Bookkeeping and LockLanes in tx, in one round trip.
-func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) (locked []laneKey, err error) {
+func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) ([]laneKey, error) {
 	b := &pgx.Batch{}
 	b.Queue(e.q.bookkeeping)
 	b.Queue(e.q.lockLanes, e.worker, gs, ts, ks)
-	br := tx.SendBatch(ctx, b)
-	defer func() {
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-	}()
-	if _, err := br.Exec(); err != nil {
-		return nil, err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, err
-	}
-	return scanLanes(rows)
+	return batchLast(ctx, tx, b, scanLanes)
 }
 
 // settleLanes gives back lanes locked FOR NO KEY UPDATE in tx.
