@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -114,30 +112,7 @@ func DropPostgresPrefix(t testing.TB, prefix string) {
 	}
 	t.Cleanup(func() {
 		pool := Postgres(t)
-		// A processor of the test may still be winding down (a router closes
-		// its subscribers as its handlers end): when PostgreSQL picks the
-		// drop as a deadlock victim, try again.
-		var err error
-		for attempt := 0; attempt < 5; attempt++ {
-			if err = dropPrefix(pool, prefix); !isDeadlock(err) {
-				break
-			}
-			time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
-		}
-		if err != nil {
-			t.Errorf("drop the test's tables %s*: %v", prefix, err)
-		}
-	})
-}
-
-func isDeadlock(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
-}
-
-// dropPrefix drops what DropPostgresPrefix drops, in one transaction.
-func dropPrefix(pool *pgxpool.Pool, prefix string) error {
-	_, err := pool.Exec(context.Background(), `
+		_, err := pool.Exec(context.Background(), `
 DO $$
 DECLARE r record;
 BEGIN
@@ -152,7 +127,10 @@ BEGIN
         DELETE FROM public.omnibus_schema_migrations WHERE starts_with(table_name, `+quoteLiteral(prefix)+`);
     END IF;
 END $$`)
-	return err
+		if err != nil {
+			t.Errorf("drop the test's tables %s*: %v", prefix, err)
+		}
+	})
 }
 
 // quoteLiteral quotes s as an SQL string literal.

@@ -19,7 +19,8 @@ type flusher struct {
 type flushItem struct {
 	op   settleOp
 	lane *laneKey
-	last int64 // for a lane: the highest id its fetch handed out, 0 if none
+	last int64         // for a lane: the highest id its fetch handed out, 0 if none
+	done chan struct{} // a barrier: closed once what came before it is written
 }
 
 func newFlusher(s *Subscriber) *flusher {
@@ -36,6 +37,17 @@ func (f *flusher) settle(op settleOp) { f.in <- flushItem{op: op} }
 // lane gives back a lane whose run ended; last is the highest id of rows
 // its fetch handed out (0 for none), which lets the lane's floor move.
 func (f *flusher) lane(k laneKey, last int64) { f.in <- flushItem{lane: &k, last: last} }
+
+// written returns once everything handed to the flusher before the call is
+// written (or CloseTimeout has passed trying). A subscription calls it
+// before it closes its channel: a Watermill router closes its subscribers
+// without waiting for them, so this is how Router.Close comes to return
+// only after the settlements of what its handlers acked are written.
+func (f *flusher) written() {
+	done := make(chan struct{})
+	f.in <- flushItem{done: done}
+	<-done
+}
 
 func (f *flusher) run() {
 	defer f.s.wg.Done()
@@ -90,7 +102,33 @@ func (f *flusher) run() {
 		}
 		return true
 	}
+	// drain writes what is gathered, retrying until ctx ends. Rows whose
+	// settlement cannot be written keep their lease and are delivered again
+	// after it expires: at least once, never lost.
+	drain := func(ctx context.Context) bool {
+		for attempt := 1; ; attempt++ {
+			if flush(ctx) && len(lanes) == 0 {
+				return true
+			}
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(backoffDelay(attempt)):
+			}
+		}
+	}
 	add := func(it flushItem) {
+		if it.done != nil {
+			// Everything before the barrier has been added: write it.
+			ctx, cancel := context.WithTimeout(context.Background(), f.s.cfg.CloseTimeout)
+			if !drain(ctx) {
+				f.s.log.Error("omnibus: could not write settlements before the subscription ended; they are tried again",
+					"rows", len(ops), "lanes", len(lanes))
+			}
+			cancel()
+			close(it.done)
+			return
+		}
 		if it.lane != nil {
 			lanes = append(lanes, *it.lane)
 			if it.last > lasts[*it.lane] {
@@ -145,23 +183,14 @@ func (f *flusher) run() {
 					drained = true
 				}
 			}
-			// Write what is left, retrying until CloseTimeout. Rows whose
-			// settlement cannot be written keep their lease and are
-			// delivered again after it expires: at least once, never lost.
+			// Write what is left, retrying until CloseTimeout.
 			ctx, cancel := context.WithTimeout(context.Background(), f.s.cfg.CloseTimeout+time.Second)
 			defer cancel()
-			for attempt := 1; ; attempt++ {
-				if flush(ctx) && len(lanes) == 0 {
-					return
-				}
-				select {
-				case <-ctx.Done():
-					f.s.log.Error("omnibus: gave up writing settlements at close; their rows will be redelivered after the lease",
-						"rows", len(ops), "lanes", len(lanes))
-					return
-				case <-time.After(backoffDelay(attempt)):
-				}
+			if !drain(ctx) {
+				f.s.log.Error("omnibus: gave up writing settlements at close; their rows will be redelivered after the lease",
+					"rows", len(ops), "lanes", len(lanes))
 			}
+			return
 		}
 	}
 }

@@ -107,6 +107,7 @@ func (sub *subscription) run(parent context.Context) {
 		}
 	}
 	sub.units.Wait()
+	s.flush.written()
 	close(sub.out)
 }
 
