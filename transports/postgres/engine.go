@@ -529,6 +529,9 @@ func pgErrorText(err error) string {
 // is computed from its rows, and lanes without pending rows are deleted.
 // Lanes a writer is locking right now are returned in retry; lanes that are
 // no longer ours are dropped. readyNow counts lanes that are ready at once.
+// On error, retry still holds the lanes left to give back: a lane given back
+// before the error must not be given back again, since it may have been
+// leased anew meanwhile.
 //
 // lasts holds, for lanes whose fetch handed out rows, the highest id handed
 // out: every row of the lane up to it existed when the fetch held the lane
@@ -549,15 +552,25 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 	if err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
 	}
+	var careful []laneKey
 	if len(locked) > 0 {
-		n, err := e.settleLanes(ctx, tx, locked, lasts)
+		careful, readyNow, err = e.recompute(ctx, tx, locked, lasts, false)
 		if err != nil {
 			return lanes, 0, err
 		}
-		readyNow = n
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return lanes, 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
+	}
+	if len(careful) > 0 {
+		n, err := e.settleCareful(ctx, careful, lasts)
+		if err != nil {
+			// The other lanes are given back already (and may be leased
+			// again, even by this worker): only the careful ones, still ours
+			// and untouched, and those not locked are left to retry.
+			return append(careful, minus(lanes, locked)...), readyNow, err
+		}
+		readyNow += n
 	}
 	if len(locked) == len(lanes) {
 		return nil, readyNow, nil
@@ -585,13 +598,14 @@ func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) 
 	return batchLast(ctx, tx, b, scanLanes)
 }
 
-// settleLanes gives back lanes locked FOR NO KEY UPDATE in tx.
+// settleCareful gives back the lanes that reconcile left to it, in a
+// transaction of its own.
 //
-// Most lanes get their next ready time at once: now when their head is
-// deliverable, the retry time of a tried head (a writer's new row is behind
-// that head and must wait anyway), infinity when blocked. Two kinds need
-// more care, because a writer may be inserting a row we cannot see yet (its
-// KEY SHARE lock does not conflict with ours):
+// reconcile gives most lanes their next ready time at once: now when their
+// head is deliverable, the retry time of a tried head (a writer's new row is
+// behind that head and must wait anyway), infinity when blocked. Two kinds
+// need more care, because a writer may be inserting a row we cannot see yet
+// (its KEY SHARE lock does not conflict with reconcile's FOR NO KEY UPDATE):
 //   - empty lanes, which we would delete, orphaning the writer's row;
 //   - asleep lanes (nothing in line, only delayed rows), which would sleep
 //     until the first delayed row is due although the writer's row is due now.
@@ -601,21 +615,28 @@ func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) 
 // again); a writer arriving after us waits for our commit and then corrects
 // the ready time itself. The locked ones are recomputed in a later statement,
 // whose snapshot includes every writer that held the lane before us.
-func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey, lasts map[laneKey]int64) (readyNow int64, err error) {
-	careful, ready, err := e.recompute(ctx, tx, locked, lasts, false)
+//
+// The FOR UPDATE lock must be taken fresh, never as an upgrade of the FOR NO
+// KEY UPDATE lock reconcile's transaction holds: PostgreSQL grants a KEY
+// SHARE lock without a second look when the tuple was only locked by a
+// lock it does not conflict with at the moment it first looked
+// (heap_lock_tuple's key-share path releases the page lock while it checks,
+// and does not re-check for a FOR UPDATE taken meanwhile). A writer arriving
+// while we held FOR NO KEY UPDATE could thus hold KEY SHARE beside our
+// upgraded FOR UPDATE, and its due-now row slept with the lane for the
+// delayed row's whole delay (TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed
+// caught it about once in 15 runs of 100 rounds).
+func (e *engine) settleCareful(ctx context.Context, careful []laneKey, lasts map[laneKey]int64) (readyNow int64, err error) {
+	tx, err := e.pool.Begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("reconcile lanes of %q: begin: %w", e.q.table, err)
 	}
-	readyNow = ready
-	if len(careful) == 0 {
-		return readyNow, nil
-	}
+	defer func() { _ = tx.Rollback(ctx) }()
 	g, t, k := laneArrays(careful)
-	rows, err := tx.Query(ctx, e.q.lockEmpty, e.worker, g, t, k)
-	if err != nil {
-		return 0, fmt.Errorf("lock lanes of %q: %w", e.q.table, err)
-	}
-	exclusive, err := scanLanes(rows)
+	b := &pgx.Batch{}
+	b.Queue(e.q.bookkeeping)
+	b.Queue(e.q.lockEmpty, e.worker, g, t, k)
+	exclusive, err := batchLast(ctx, tx, b, scanLanes)
 	if err != nil {
 		return 0, fmt.Errorf("lock lanes of %q: %w", e.q.table, err)
 	}
@@ -662,6 +683,9 @@ func (e *engine) settleLanes(ctx context.Context, tx pgx.Tx, locked []laneKey, l
 			return 0, fmt.Errorf("give back lanes of %q: %w", e.q.table, err)
 		}
 		readyNow += int64(len(back))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
 	}
 	return readyNow, nil
 }

@@ -82,8 +82,7 @@ func (f *flusher) run() {
 		if len(lanes) > 0 {
 			retry, ready, err := f.s.eng.reconcile(ctx, lanes, lasts)
 			if err != nil {
-				f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(lanes))
-				return false
+				f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(retry))
 			}
 			keep := make(map[laneKey]bool, len(retry))
 			for _, k := range retry {
@@ -98,6 +97,9 @@ func (f *flusher) run() {
 			lanes = append(lanes[:0], retry...)
 			if ready > 0 {
 				f.s.wakeAll()
+			}
+			if err != nil {
+				return false
 			}
 		}
 		return true

@@ -118,7 +118,7 @@ func TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed(t *testing.T) {
 	pool, ob := newOutbox(t)
 	ctx := context.Background()
 	e := testEngine(pool, ob, "relay", 16)
-	const rounds = 100
+	const rounds = 300
 	for i := 0; i < rounds; i++ {
 		key := fmt.Sprintf("k%d", i)
 		reminder := event(key, "reminder")
