@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -25,7 +24,7 @@ import (
 
 	"github.com/omnibus-go/omnibus"
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/internal/sqlfile"
+	"github.com/omnibus-go/omnibus/internal/demo"
 	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
@@ -132,7 +131,10 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	cfg.Retry = bus.RetryConfig{Base: 100 * time.Millisecond, Cap: time.Second, TransientDelay: 200 * time.Millisecond}
 	cfg.Relay.PollInterval = 100 * time.Millisecond
 	cfg.Relay.CloseTimeout = 5 * time.Second
-	orders := newDemoOrders(o.prefix + "_orders")
+	orders, err := demo.NewOrders(o.prefix + "_orders")
+	if err != nil {
+		return usagef("--table-prefix: %v", err)
+	}
 	topic := "omnibus_demo_orders_" + randomHex(4)
 	kcfg := kafka.Section(cfg)
 	externalKafka := cfg.Broker == bus.BrokerKafka && len(kcfg.Brokers) > 0
@@ -248,7 +250,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	for _, step := range demoSteps {
 		processors.Handle(disp, "order."+step, func(ctx context.Context, ev demoEvent, msg *message.Message) error {
 			tx, _ := postgres.TxFromContext(ctx)
-			if _, err := tx.Exec(ctx, orders.appendHandled, ev.Order, ev.Step); err != nil {
+			if err := orders.AppendHandled(ctx, tx, ev.Order, ev.Step); err != nil {
 				return err
 			}
 			d, _ := bus.DeliveryOf(msg)
@@ -343,33 +345,6 @@ func orderNumber(id string) int {
 	return n
 }
 
-// demoSQL is the demo's own SQL (its orders table), in sql/demo.sql.
-//
-//go:embed sql/*.sql
-var demoSQLFiles embed.FS
-
-var demoSQL = sqlfile.MustParse(demoSQLFiles, "sql")
-
-// demoOrders is the demo's orders table and its statements, rendered once.
-type demoOrders struct {
-	table                                     string
-	create, drop, upsert, appendHandled, list string
-}
-
-// newDemoOrders renders the statements of sql/demo.sql for the table name
-// (built from --table-prefix, checked by identifierLike, and quoted).
-func newDemoOrders(table string) demoOrders {
-	r := strings.NewReplacer("{ORDERS}", pgx.Identifier{table}.Sanitize())
-	return demoOrders{
-		table:         table,
-		create:        demoSQL.Render("CreateOrders", r),
-		drop:          demoSQL.Render("DropOrders", r),
-		upsert:        demoSQL.Render("UpsertOrder", r),
-		appendHandled: demoSQL.Render("AppendHandled", r),
-		list:          demoSQL.Render("ListOrders", r),
-	}
-}
-
 // demoTables are the omnibus tables the demo migrates and drops.
 func demoTables(cfg bus.Config) []postgres.Table {
 	return []postgres.Table{
@@ -381,28 +356,22 @@ func demoTables(cfg bus.Config) []postgres.Table {
 
 // resetDemoTables drops what an earlier run left (see dropDemoTables) so
 // each run starts clean, and creates the demo's orders table.
-func resetDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demoOrders) error {
+func resetDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demo.Orders) error {
 	if err := dropDemoTables(ctx, pool, cfg, orders); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, orders.create); err != nil {
-		return fmt.Errorf("create the demo's table %s: %w", orders.table, err)
-	}
-	return nil
+	return orders.Create(ctx, pool)
 }
 
 // dropDemoTables drops the demo's outbox, inbox and queue tables with their
 // lanes tables, trigger functions and migration records (postgres.Drop), and
 // its orders table.
-func dropDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demoOrders) error {
+func dropDemoTables(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demo.Orders) error {
 	tables := demoTables(cfg)
 	if err := postgres.Drop(ctx, pool, tables...); err != nil {
 		return fmt.Errorf("drop the demo's tables: %w", err)
 	}
-	if _, err := pool.Exec(ctx, orders.drop); err != nil {
-		return fmt.Errorf("drop the demo's table %s: %w", orders.table, err)
-	}
-	return nil
+	return orders.Drop(ctx, pool)
 }
 
 // deleteDemoStreams deletes the demo's Redis stream and its dead-letter
@@ -425,7 +394,7 @@ func deleteDemoStreams(ctx context.Context, cfg bus.Config, topic string) error 
 // writeDemoOrders writes every order's steps, each change with its event in
 // one transaction, orders interleaved; it returns the events written and the
 // copies the broker will deliver twice.
-func writeDemoOrders(ctx context.Context, b *omnibus.Bus, orders demoOrders, topic string, o demoOptions) (written, dupes []*message.Message, err error) {
+func writeDemoOrders(ctx context.Context, b *omnibus.Bus, orders demo.Orders, topic string, o demoOptions) (written, dupes []*message.Message, err error) {
 	for _, step := range demoSteps {
 		for i := 1; i <= o.orders; i++ {
 			id := orderID(i)
@@ -434,7 +403,7 @@ func writeDemoOrders(ctx context.Context, b *omnibus.Bus, orders demoOrders, top
 			bus.SetPartitionKey(msg, id)
 			bus.SetEventType(msg, "order."+step)
 			err := pgx.BeginFunc(ctx, b.Pool(), func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, orders.upsert, id, step); err != nil {
+				if err := orders.Upsert(ctx, tx, id, step); err != nil {
 					return err
 				}
 				return b.Outbox().Enqueue(ctx, tx, topic, msg)
@@ -490,7 +459,7 @@ type demoResult struct {
 	firstBad                   string
 }
 
-func demoSummary(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demoOrders) (demoResult, error) {
+func demoSummary(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders demo.Orders) (demoResult, error) {
 	var s demoResult
 	stats := func(t postgres.Table) (postgres.Stats, error) {
 		adm, err := postgres.NewAdmin(pool, t)
@@ -509,28 +478,22 @@ func demoSummary(ctx context.Context, pool *pgxpool.Pool, cfg bus.Config, orders
 		return s, err
 	}
 	s.stored, s.dispatched, s.inboxFailed = in.Pending+in.Failed+in.Completed, in.Completed, in.Failed
-	rows, err := pool.Query(ctx, orders.list)
+	ids, handled, err := orders.Handled(ctx, pool)
 	if err != nil {
 		return s, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var handled []string
-		if err := rows.Scan(&id, &handled); err != nil {
-			return s, err
-		}
-		s.effects += int64(len(handled))
-		if slices.Equal(handled, demoSteps) {
+	for i, h := range handled {
+		s.effects += int64(len(h))
+		if slices.Equal(h, demoSteps) {
 			s.inOrder++
 		} else {
 			s.outOfOrder++
 			if s.firstBad == "" {
-				s.firstBad = fmt.Sprintf("%s saw %v", id, handled)
+				s.firstBad = fmt.Sprintf("%s saw %v", ids[i], h)
 			}
 		}
 	}
-	return s, rows.Err()
+	return s, nil
 }
 
 func (s demoResult) ok(orders int) bool {
