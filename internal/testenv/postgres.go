@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -112,7 +114,50 @@ func DropPostgresPrefix(t testing.TB, prefix string) {
 	}
 	t.Cleanup(func() {
 		pool := Postgres(t)
-		_, err := pool.Exec(context.Background(), `
+		// The test's Close calls return once their goroutines end, but a
+		// query they canceled may still be ending on the server, holding a
+		// lock on one of these tables: dropping them all in one statement
+		// could then deadlock with it (seen once in the console's tests).
+		// So wait for other sessions to let go of the tables, and try again
+		// if the drop is still picked as a deadlock victim.
+		var err error
+		for attempt := 1; attempt <= 5; attempt++ {
+			waitForOtherSessions(pool, prefix, 10*time.Second)
+			if err = dropPrefix(pool, prefix); !isDeadlock(err) {
+				break
+			}
+			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("drop the test's tables %s*: %v", prefix, err)
+		}
+	})
+}
+
+// waitForOtherSessions waits, at most max, until no session but ours holds
+// or waits for a lock on a relation whose name starts with prefix.
+func waitForOtherSessions(pool *pgxpool.Pool, prefix string, max time.Duration) {
+	deadline := time.Now().Add(max)
+	for time.Now().Before(deadline) {
+		var n int
+		err := pool.QueryRow(context.Background(), `
+SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid <> pg_backend_pid() AND starts_with(c.relname, $1)`, prefix).Scan(&n)
+		if err != nil || n == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
+}
+
+// dropPrefix drops what DropPostgresPrefix drops, in one statement.
+func dropPrefix(pool *pgxpool.Pool, prefix string) error {
+	_, err := pool.Exec(context.Background(), `
 DO $$
 DECLARE r record;
 BEGIN
@@ -127,10 +172,7 @@ BEGIN
         DELETE FROM public.omnibus_schema_migrations WHERE starts_with(table_name, `+quoteLiteral(prefix)+`);
     END IF;
 END $$`)
-		if err != nil {
-			t.Errorf("drop the test's tables %s*: %v", prefix, err)
-		}
-	})
+	return err
 }
 
 // quoteLiteral quotes s as an SQL string literal.
