@@ -363,7 +363,8 @@ SELECT 'ready', NULL, NULL, NULL FROM kept WHERE ready_at <= now()
 -- Lanes found empty or asleep are settled only under a FOR UPDATE lock,
 -- which a writer's KEY SHARE lock keeps us from taking while its row is
 -- not yet committed (and which makes a writer arriving later wait for us
--- and then see what we wrote).
+-- and then see what we wrote). It is taken in a transaction of its own,
+-- never as an upgrade of LockLanes' lock (engine.settleCareful says why).
 SELECT l.consumer_group, l.topic, l.partition_key
 FROM {L} l
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
