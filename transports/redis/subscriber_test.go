@@ -129,14 +129,17 @@ func testNackWithSettlementDelayRedeliversLaterThenDeadLetters(t *testing.T, e *
 
 	msgs := e.subscribe(sub, topic)
 	var entryID string
-	var lastNack time.Time
+	var retryAt time.Time
 	for attempt := range budget {
 		msg := receive(t, msgs, 5*time.Second)
 		require.Equal(t, poison.UUID, msg.UUID)
 		d, _ := bus.DeliveryOf(msg)
 		if attempt > 0 {
-			assert.GreaterOrEqual(t, time.Since(lastNack), delay,
-				"redelivered sooner than the settlement's retry time")
+			// Measured against the RetryAt the settlement carried: a time
+			// taken after Settle and Nack would be later than it.
+			early := retryAt.Sub(time.Now())
+			assert.LessOrEqual(t, early, time.Duration(0),
+				"redelivered %s before the settlement's retry time", early)
 			assert.Equal(t, entryID, d.ID, "redelivery of another entry")
 		}
 		entryID = d.ID
@@ -149,9 +152,9 @@ func testNackWithSettlementDelayRedeliversLaterThenDeadLetters(t *testing.T, e *
 			st.Error = "boom: budget spent"
 		} else {
 			st.RetryAt = time.Now().Add(delay)
+			retryAt = st.RetryAt
 		}
 		require.True(t, bus.Settle(msg, st))
-		lastNack = time.Now()
 		msg.Nack()
 	}
 
