@@ -35,6 +35,17 @@ func receive(t *testing.T, ctx context.Context, ch <-chan *message.Message) *mes
 	}
 }
 
+// newBroker is a broker for the test, closed when it ends, and a context
+// that bounds the test's waits.
+func newBroker(t *testing.T) (context.Context, *Broker) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	b := NewBroker(nil)
+	t.Cleanup(func() { _ = b.Close() })
+	return ctx, b
+}
+
 func memSub(t *testing.T, b *Broker, group, topic string, ctx context.Context) <-chan *message.Message {
 	t.Helper()
 	s, err := b.Subscriber(group)
@@ -47,10 +58,7 @@ func memSub(t *testing.T, b *Broker, group, topic string, ctx context.Context) <
 
 func TestMemory_EveryGroupReceivesEveryMessageHeldUntilSubscribed(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := NewBroker(nil)
-	defer b.Close()
+	ctx, b := newBroker(t)
 	// Published before anyone subscribed: held for the first groups, and
 	// for a while after every group known acked them.
 	require.NoError(t, b.Publish("t", memMsg("", 1), memMsg("", 2)))
@@ -72,10 +80,7 @@ func TestMemory_EveryGroupReceivesEveryMessageHeldUntilSubscribed(t *testing.T) 
 
 func TestMemory_OneKeyAtATimeInOrderAndANackedHeadHoldsItsKey(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := NewBroker(nil)
-	defer b.Close()
+	ctx, b := newBroker(t)
 	ch := memSub(t, b, "g", "t", ctx)
 	require.NoError(t, b.Publish("t", memMsg("k", 0), memMsg("k", 1), memMsg("other", 0)))
 
@@ -109,10 +114,7 @@ func TestMemory_OneKeyAtATimeInOrderAndANackedHeadHoldsItsKey(t *testing.T) {
 
 func TestMemory_GivingUpDropsTheMessageAndReleasesItsKey(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := NewBroker(nil)
-	defer b.Close()
+	ctx, b := newBroker(t)
 	ch := memSub(t, b, "g", "t", ctx)
 	require.NoError(t, b.Publish("t", memMsg("k", 0), memMsg("k", 1)))
 	m := receive(t, ctx, ch)
@@ -125,10 +127,7 @@ func TestMemory_GivingUpDropsTheMessageAndReleasesItsKey(t *testing.T) {
 
 func TestMemory_SubscriptionsOfAGroupShareItsMessages(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := NewBroker(nil)
-	defer b.Close()
+	ctx, b := newBroker(t)
 	ch1 := memSub(t, b, "g", "t", ctx)
 	ch2 := memSub(t, b, "g", "t", ctx)
 	const n = 50
@@ -152,10 +151,7 @@ func TestMemory_SubscriptionsOfAGroupShareItsMessages(t *testing.T) {
 
 func TestMemory_AMessageInFlightWhenItsSubscriptionEndsIsHandedOutAgain(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := NewBroker(nil)
-	defer b.Close()
+	ctx, b := newBroker(t)
 	s1, err := b.Subscriber("g")
 	require.NoError(t, err)
 	ch1, err := s1.Subscribe(ctx, "t")
@@ -173,11 +169,8 @@ func TestMemory_AMessageInFlightWhenItsSubscriptionEndsIsHandedOutAgain(t *testi
 
 func TestMemory_AckedMessagesAreDropped(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b := NewBroker(nil)
+	ctx, b := newBroker(t)
 	b.retention = 0
-	defer b.Close()
 	ch := memSub(t, b, "g", "t", ctx)
 	for i := range 10 {
 		require.NoError(t, b.Publish("t", memMsg("", i)))
