@@ -50,9 +50,6 @@ func NewOrders(table string) (Orders, error) {
 	}, nil
 }
 
-// Table is the table's name as given.
-func (o Orders) Table() string { return o.table }
-
 // Create creates the table.
 func (o Orders) Create(ctx context.Context, db DB) error {
 	if _, err := db.Exec(ctx, o.create); err != nil {
