@@ -90,7 +90,7 @@ const (
 // functions, triggers and constraints. Two configured tables must not share
 // any of these names (a test keeps the list in step with the migrations).
 var tableObjectSuffixes = []string{"",
-	"_lanes", "_lanes_pkey", "_lanes_ready_idx", "_pkey", "_id_seq",
+	"_lanes", "_lanes_pkey", "_lanes_ready_idx", "_notes", "_notes_pkey", "_notes_id_seq", "_notes_key_idx", "_pkey", "_id_seq",
 	"_event_uidx", "_message_uidx", "_fetch_idx", "_key_idx", "_failed_idx", "_completed_idx",
 	"_lane_fn", "_lane_trg", "_notify_fn", "_notify_trg", "_status_check", "_max_attempts_check",
 }

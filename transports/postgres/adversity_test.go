@@ -86,11 +86,32 @@ func TestOrder_UnrelatedLongTransactionHoldsNothingBack(t *testing.T) {
 func TestOrder_InterleavedWritersAndFourRelays(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
-	interleavedWritersStand(t, pool, ob, standConfig{writers: 8, txs: 60, keys: 3, relays: 4})
+	interleavedWritersStand(t, pool, ob, standConfig{writers: 8, txs: 60, keys: 3, relays: 4, minKeys: 1, maxKeys: 3, think: true})
+}
+
+// The new user's business transaction: each touches 2–5 keys, many of them
+// new, in an order it does not control, each through its own Enqueue call,
+// while relays drain. omnibus must add no deadlock to it (issue 25): every
+// transaction commits, and each key is still delivered in id order.
+func TestEnqueue_MultiKeyTransactionsNeverDeadlock(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	interleavedWritersStand(t, pool, ob, standConfig{
+		writers: 8, txs: 10_000 / 8, keys: 20, newKeys: true, relays: 2, minKeys: 2, maxKeys: 5,
+	})
 }
 
 type standConfig struct {
-	writers, txs, keys, relays int
+	writers, txs, relays int
+	// keys is the key space; with newKeys half of each transaction's keys
+	// are drawn from a space so large that they are mostly new (their lane
+	// does not exist, or was deleted after the key drained).
+	keys    int
+	newKeys bool
+	// Each transaction enqueues minKeys..maxKeys events, one Enqueue each;
+	// with think it sleeps up to 10 ms after each.
+	minKeys, maxKeys int
+	think            bool
 }
 
 func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg standConfig) {
@@ -140,18 +161,27 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 		}
 	}()
 
-	var wg sync.WaitGroup
+	var (
+		wg        sync.WaitGroup
+		deadlocks atomic.Int64
+	)
 	for w := 0; w < cfg.writers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < cfg.txs; i++ {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					for n := rand.IntN(3) + 1; n > 0; n-- {
+					for n := cfg.minKeys + rand.IntN(cfg.maxKeys-cfg.minKeys+1); n > 0; n-- {
 						k := fmt.Sprintf("k%d", rand.IntN(cfg.keys))
+						if cfg.newKeys && rand.IntN(2) == 0 {
+							k = fmt.Sprintf("new%d", rand.IntN(1_000_000))
+						}
 						msg := event(k, "x")
 						if err := ob.Enqueue(ctx, tx, "t", msg); err != nil {
 							return err
+						}
+						if !cfg.think {
+							continue
 						}
 						// Think time inside the transaction, with the row inserted.
 						if _, err := tx.Exec(ctx, "SELECT pg_sleep($1)", rand.Float64()/100); err != nil {
@@ -165,8 +195,8 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 				})
 				var pgErr *pgconn.PgError
 				if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
-					// Two writers creating the lanes of new keys in opposite
-					// orders; the business transaction would be retried.
+					deadlocks.Add(1)
+					t.Errorf("writer: a business transaction was aborted as a deadlock victim: %v (%s)", err, pgErr.Detail)
 					return
 				}
 				if err != nil && err != errRollback {
@@ -177,6 +207,7 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 		}()
 	}
 	wg.Wait()
+	require.Zero(t, deadlocks.Load(), "transactions aborted as deadlock victims")
 
 	// Every committed row is delivered (the ids are the ground truth).
 	var committed []int64

@@ -111,41 +111,27 @@ type engine struct {
 	block  bool // FailedBlock policy
 }
 
-// fetch leases up to lanes ready keys and loose unkeyed rows and hands out
-// their runs. See queries.leaseLanes and queries.pick for the rules; the two
-// statements run in one transaction so that the lanes' locks are held when
-// pick takes its snapshot.
+// fetch turns writers' notes into lanes, then leases up to lanes ready keys
+// and loose unkeyed rows and hands out their runs. See queries.leaseLanes and
+// queries.pick for the rules; the statements run in one transaction so that
+// the lanes' locks are held when pick takes its snapshot.
 func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fetchResult, error) {
 	topicArg := topicParam(topic)
 	return e.inTx(ctx, func(b *pgx.Batch) {
 		if lanes > 0 {
+			b.Queue(e.q.takeNotes)
 			b.Queue(e.q.leaseLanes, e.worker, e.lease, lanes, topicArg, e.group)
 		}
 	}, topicArg, loose)
 }
 
-// turn waits, at most wait, for a turn on a lane that writers have kept
-// locked: it closes the lane's gate (committed at once, so new writers see
-// it and queue), then takes the lane's advisory lock and its row lock, both
-// waiting, and leases it. A lane that is still held when wait runs out is
-// left gated and yields nothing (ok false); a lane that another relay leased
-// meanwhile yields nothing either.
+// turn waits, at most wait, for a turn on a lane that writers keep locked:
+// it waits for the lane's advisory lock (writers arriving meanwhile queue
+// behind it) and then for its row, and leases it. A lane that is still held
+// when wait runs out yields nothing (ok false); a lane that another relay
+// leased meanwhile yields nothing either.
 func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res fetchResult, ok bool, err error) {
-	g, t, kk := laneArrays([]laneKey{k})
 	timeout := fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
-	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, e.q.lockTimeout, timeout); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, e.q.gateLanes, g, t, kk)
-		return err
-	})
-	if err != nil {
-		if isLockTimeout(err) {
-			return fetchResult{}, false, nil
-		}
-		return fetchResult{}, false, fmt.Errorf("close the gate of a lane of %q: %w", e.q.table, err)
-	}
 	res, err = e.inTx(ctx, func(b *pgx.Batch) {
 		b.Queue(e.q.lockTimeout, timeout)
 		b.Queue(e.q.laneLock, k.group, k.topic, k.key)
@@ -605,27 +591,18 @@ func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) 
 // head is deliverable, the retry time of a tried head (a writer's new row is
 // behind that head and must wait anyway), infinity when blocked. Two kinds
 // need more care, because a writer may be inserting a row we cannot see yet
-// (its KEY SHARE lock does not conflict with reconcile's FOR NO KEY UPDATE):
+// (writers take no lock reconcile waits for):
 //   - empty lanes, which we would delete, orphaning the writer's row;
 //   - asleep lanes (nothing in line, only delayed rows), which would sleep
 //     until the first delayed row is due although the writer's row is due now.
 //
-// For those we take FOR UPDATE, which conflicts with writers' KEY SHARE: a
-// lane a writer holds is skipped and given back ready now (to be looked at
-// again); a writer arriving after us waits for our commit and then corrects
-// the ready time itself. The locked ones are recomputed in a later statement,
-// whose snapshot includes every writer that held the lane before us.
-//
-// The FOR UPDATE lock must be taken fresh, never as an upgrade of the FOR NO
-// KEY UPDATE lock reconcile's transaction holds: PostgreSQL grants a KEY
-// SHARE lock without a second look when the tuple was only locked by a
-// lock it does not conflict with at the moment it first looked
-// (heap_lock_tuple's key-share path releases the page lock while it checks,
-// and does not re-check for a FOR UPDATE taken meanwhile). A writer arriving
-// while we held FOR NO KEY UPDATE could thus hold KEY SHARE beside our
-// upgraded FOR UPDATE, and its due-now row slept with the lane for the
-// delayed row's whole delay (TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed
-// caught it about once in 15 runs of 100 rounds).
+// For those we take the key's advisory lock exclusively, with a try, which
+// no writer of the key can hold beside us: a lane a writer holds is skipped
+// and given back ready now (to be looked at again); a writer arriving after
+// us waits for our commit, then sees the lane deleted or asleep and leaves
+// a note (migration 0004). The locked ones are recomputed in a later
+// statement, whose snapshot includes every writer that held the lock before
+// us.
 func (e *engine) settleCareful(ctx context.Context, careful []laneKey, lasts map[laneKey]int64) (readyNow int64, err error) {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {

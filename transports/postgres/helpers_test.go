@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -22,11 +21,7 @@ func newOutbox(t *testing.T) (*pgxpool.Pool, *Outbox) {
 	name := testenv.Name(t)
 	ctx := context.Background()
 	require.NoError(t, Migrate(ctx, pool, OutboxTable(name)))
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %q, %q CASCADE; DROP FUNCTION IF EXISTS %q, %q CASCADE;
-			DELETE FROM omnibus_schema_migrations WHERE table_name = '%s'`,
-			name, name+"_lanes", name+"_lane_fn", name+"_notify_fn", name))
-	})
+	dropAfter(t, pool, name)
 	ob, err := NewOutbox(OutboxConfig{Table: name})
 	require.NoError(t, err)
 	return pool, ob
@@ -145,4 +140,21 @@ func failWith(class bus.Class, retryAt time.Time) func(row) *settleOp {
 		}
 		return op
 	}
+}
+
+// takeNotes turns the writers' lane notes into lanes, as the first statement
+// of every relay fetch does, so a test can shape lane rows by hand.
+func takeNotes(t *testing.T, pool *pgxpool.Pool, q *queries) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), q.takeNotes)
+	require.NoError(t, err)
+}
+
+// dropAfter drops the table called name, with everything Migrate made for
+// it, when the test ends.
+func dropAfter(t *testing.T, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	t.Cleanup(func() {
+		_ = Drop(context.Background(), pool, OutboxTable(name))
+	})
 }

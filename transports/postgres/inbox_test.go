@@ -25,11 +25,7 @@ func newInbox(t *testing.T) (*pgxpool.Pool, *Inbox) {
 	pool := testenv.Postgres(t)
 	name := testenv.Name(t)
 	require.NoError(t, Migrate(context.Background(), pool, InboxTable(name)))
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %q, %q CASCADE; DROP FUNCTION IF EXISTS %q, %q CASCADE;
-			DELETE FROM omnibus_schema_migrations WHERE table_name = '%s'`,
-			name, name+"_lanes", name+"_lane_fn", name+"_notify_fn", name))
-	})
+	dropAfter(t, pool, name)
 	in, err := NewInbox(InboxConfig{Table: name})
 	require.NoError(t, err)
 	return pool, in

@@ -61,6 +61,7 @@ func TestStatsCollector_GaugesMatchTheTable(t *testing.T) {
 	f.exec(`UPDATE {T} SET locked_by = 'w', locked_until = now() + interval '1 minute' WHERE payload = 'leased-1'`)
 	f.exec(`UPDATE {T} SET locked_by = 'w', locked_until = now() - interval '1 minute' WHERE payload = 'expired-1'`)
 	f.exec(`UPDATE {T} SET scheduled_at = now() + interval '1 hour' WHERE payload = 'delayed-1'`)
+	takeNotes(t, f.pool, f.ob.q)
 	f.exec(`UPDATE {L} SET blocked = true, ready_at = 'infinity' WHERE partition_key = 'blocked'`)
 	f.exec(`UPDATE {T} SET status = 'completed', completed_at = now() WHERE payload IN ('done-1', 'done-2')`)
 	f.exec(`UPDATE {T} SET created_at = now() - interval '2 hours' WHERE payload = 'loose-1'`)

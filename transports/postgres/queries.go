@@ -16,7 +16,7 @@ type queries struct {
 	removeInbox  string // inbox only
 	leaseLanes   string
 	pick         string
-	gateLanes    string
+	takeNotes    string
 	laneLock     string
 	leaseLane    string
 	keepLane     string
@@ -46,7 +46,7 @@ func newQueries(t tableName, inbox bool) *queries {
 		channel:     t.channel(),
 		leaseLanes:  r.sql("LeaseLanes"),
 		pick:        r.sql("Pick"),
-		gateLanes:   r.sql("GateLanes"),
+		takeNotes:   r.sql("TakeNotes"),
 		laneLock:    r.sql("LaneLock"),
 		leaseLane:   r.sql("LeaseLane"),
 		keepLane:    r.sql("KeepLane"),

@@ -110,15 +110,25 @@ type templateData struct {
 
 func (d templateData) Table() string                  { return d.t.quoted() }
 func (d templateData) Lanes() string                  { return d.t.derived("_lanes").quoted() }
+func (d templateData) Notes() string                  { return d.t.derived("_notes").quoted() }
+func (d templateData) LaneLockBuckets() int           { return laneLockBuckets }
 func (d templateData) Ident(suffix string) string     { return d.t.ident(suffix) }
 func (d templateData) Qualified(suffix string) string { return d.t.qualifiedIdent(suffix) }
 func (d templateData) TableLiteral() string {
 	return "'" + strings.ReplaceAll(d.t.quoted(), "'", "''") + "'"
 }
 
-// LaneLockKey is the advisory lock key of the lane of (g, topic, key).
+// LaneLockKey is the advisory lock key of the lane of (g, topic, key) as
+// migration 0002 computed it (a gated lane's lock; replaced by 0004).
 func (d templateData) LaneLockKey(g, topic, key string) string {
-	return laneLockKey(d.t, g, topic, key)
+	lit := "'" + strings.ReplaceAll(d.t.String(), "'", "''") + "'"
+	return "hashtextextended(" + lit + " || '|' || " + g + " || '|' || " + topic + " || '|' || " + key + ", 0)"
+}
+
+// LaneLock is the two arguments of the advisory lock of the lane of
+// (g, topic, key) (laneLock).
+func (d templateData) LaneLock(g, topic, key string) string {
+	return laneLock(d.t, g, topic, key)
 }
 
 func (d templateData) ChannelLiteral() string {

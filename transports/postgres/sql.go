@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"embed"
+	"fmt"
+	"hash/fnv"
 	"strings"
 
 	"github.com/omnibus-go/omnibus/internal/sqlfile"
@@ -25,11 +27,12 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 // its lanes all belong to the empty group) and whether an Admin is restricted to
 // one consumer group.
 //
-//	{T} {L} {M}     the table, its lanes table, the migrations bookkeeping
-//	                table of its schema (quoted)
+//	{T} {L} {N} {M} the table, its lanes table, its lane notes table, the
+//	                migrations bookkeeping table of its schema (quoted)
 //	{LANE_FN} {NOTIFY_FN}  its trigger functions (quoted, schema-qualified)
-//	{LANE_LOCK_KEY} the advisory lock key of the lane ($1, $2, $3) = (group,
-//	                topic, key), computed as the lane trigger computes it
+//	{LANE_LOCK}     the two arguments of the advisory lock of the lane ($1, $2,
+//	                $3) = (group, topic, key), computed as the lane trigger does
+//	{LANE_LOCK_L}   the same for the lane l (columns of {L})
 //	{G_T} {G_F}     engine, inbox: rows t / f belong to the group of lane
 //	{G_TK} {G_FK}   engine, inbox: rows t / f belong to the group of k
 //	{G_TKG}         engine, inbox: rows t belong to the group k.g
@@ -59,10 +62,13 @@ func (v vocab) replacer() *strings.Replacer {
 	kv := []string{
 		"{T}", t.quoted(),
 		"{L}", t.derived("_lanes").quoted(),
+		"{N}", t.derived("_notes").quoted(),
 		"{M}", migrationsBook(t),
 		"{LANE_FN}", t.qualifiedIdent("_lane_fn"),
 		"{NOTIFY_FN}", t.qualifiedIdent("_notify_fn"),
-		"{LANE_LOCK_KEY}", laneLockKey(t, "$1", "$2", "$3"),
+		"{LANE_LOCK}", laneLock(t, "$1", "$2", "$3"),
+		"{LANE_LOCK_L}", laneLock(t, "l.consumer_group", "l.topic", "l.partition_key"),
+		"{LANE_LOCK_C}", laneLock(t, "c.consumer_group", "c.topic", "c.partition_key"),
 		"{FILTER}", filterMark,
 	}
 	if t.schema != "" {
@@ -119,11 +125,23 @@ func migrationsBook(t tableName) string {
 	return tableName{schema: t.schema, name: "omnibus_schema_migrations"}.quoted()
 }
 
-// laneLockKey is the advisory lock key of a lane: the lane trigger (writers,
-// shared, only while the lane is gated) and the relays waiting their turn
-// (exclusive, the LaneLock statement) compute it the same way. Collisions
-// only make a writer wait for an unrelated relay's turn.
-func laneLockKey(t tableName, g, topic, key string) string {
-	lit := "'" + strings.ReplaceAll(t.String(), "'", "''") + "'"
-	return "hashtextextended(" + lit + " || '|' || " + g + " || '|' || " + topic + " || '|' || " + key + ", 0)"
+// laneLockBuckets is how many advisory locks the lanes of one table share.
+// A transaction that enqueues rows of many keys holds at most this many
+// (PostgreSQL's lock table has room for max_locks_per_transaction ×
+// max_connections, 6,400 by default, across all sessions); two keys that
+// share a lock only make a writer of one wait for a relay's short fetch of
+// the other.
+const laneLockBuckets = 1024
+
+// laneLock is the two int4 arguments of the advisory lock of a lane, the
+// expressions g, topic and key being its group, topic and partition key:
+// a number for the table and the lane's bucket. Writers hold it shared (the
+// lane trigger, migration 0004), relays exclusively while they read the
+// lane's rows. The two-argument form keeps clear of the single bigint keys
+// applications use for their own advisory locks.
+func laneLock(t tableName, g, topic, key string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(t.String()))
+	return fmt.Sprintf("%d, (hashtextextended(%s || '|' || %s || '|' || %s, 0) & %d)::int",
+		int32(h.Sum32()), g, topic, key, laneLockBuckets-1)
 }

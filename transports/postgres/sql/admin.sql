@@ -26,14 +26,24 @@ SELECT r.pending, r.due, r.leased, r.expired, r.failed, r.completed, r.oldest, n
 FROM r, k
 
 -- fragment: KeyCounts
--- {KEY_COUNTS} of Stats and Overview: the keys with pending rows (lanes),
+-- {KEY_COUNTS} of Stats and Overview: the keys with pending rows (lanes,
+-- and keys whose writers left a note no relay has turned into a lane yet),
 -- those frozen by the Block policy, and those held: the key's first in-line
 -- row (its head, read through the per-key index) was tried and waits for its
 -- retry.
 SELECT count(*) AS lanes,
        count(*) FILTER (WHERE l.blocked) AS blocked,
        count(*) FILTER (WHERE h.held) AS held
-FROM {L} l
+FROM (
+    SELECT l.consumer_group, l.topic, l.partition_key, l.blocked
+    FROM {L} l
+    WHERE true{GROUP_L}
+    UNION
+    SELECT l.consumer_group, l.topic, l.partition_key, false
+    FROM {N} l
+    WHERE NOT EXISTS (SELECT 1 FROM {L} x
+                      WHERE x.consumer_group = l.consumer_group AND x.topic = l.topic AND x.partition_key = l.partition_key){GROUP_L}
+) l
 LEFT JOIN LATERAL (
     SELECT t.last_error IS NOT NULL AND t.scheduled_at > now() AS held
     FROM {T} t
@@ -43,7 +53,6 @@ LEFT JOIN LATERAL (
     ORDER BY t.id
     LIMIT 1
 ) h ON true
-WHERE true{GROUP_L}
 
 -- name: ListFailed
 -- ListFailed and ListFailedMatching: the failed rows after @after, @limit at

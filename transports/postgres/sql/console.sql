@@ -125,13 +125,19 @@ AND t.created_at < @to
 
 -- name: ConsumerGroups
 -- Inbox only: the consumer groups with pending or failed rows, by skipping
--- through the lanes' primary key and the partial indexes that lead with the
--- group (one index probe per group, however many rows each has).
+-- through the lanes' primary key, the lane notes' key index and the partial
+-- indexes that lead with the group (one index probe per group, however many
+-- rows each has).
 WITH RECURSIVE lg AS (
     (SELECT l.consumer_group AS g FROM {L} l ORDER BY 1 LIMIT 1)
     UNION ALL
     SELECT (SELECT l.consumer_group FROM {L} l WHERE l.consumer_group > lg.g ORDER BY 1 LIMIT 1)
     FROM lg WHERE lg.g IS NOT NULL
+), ng AS (
+    (SELECT n.consumer_group AS g FROM {N} n ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT n.consumer_group FROM {N} n WHERE n.consumer_group > ng.g ORDER BY 1 LIMIT 1)
+    FROM ng WHERE ng.g IS NOT NULL
 ), fg AS (
     (SELECT t.consumer_group AS g FROM {T} t WHERE t.status = 'failed' ORDER BY 1 LIMIT 1)
     UNION ALL
@@ -147,6 +153,7 @@ WITH RECURSIVE lg AS (
     FROM ug WHERE ug.g IS NOT NULL
 )
 SELECT g FROM lg WHERE g IS NOT NULL
+UNION SELECT g FROM ng WHERE g IS NOT NULL
 UNION SELECT g FROM fg WHERE g IS NOT NULL
 UNION SELECT g FROM ug WHERE g IS NOT NULL
 ORDER BY 1

@@ -8,17 +8,18 @@
 -- name: LeaseLanes
 -- The fetch is two statements in one short transaction (engine.fetch):
 --
--- leaseLanes leases up to $3 ready lanes (keys), oldest ready first. It
--- locks them FOR UPDATE SKIP LOCKED, which conflicts with the KEY SHARE
--- lock every writer of a key holds on its lane from before its rows get
--- their ids until it commits: a lane with a writer in flight is skipped,
--- so no row of a key is handed out while a row with a smaller id may
--- still commit (DESIGN §4.3 rule 6). The lock is held until the fetch
--- commits, so pick, a later statement with a later snapshot, sees every
--- row of those keys that will ever have a smaller id than the rows it
--- hands out.
+-- leaseLanes leases up to $3 ready lanes (keys), oldest ready first. For
+-- each it takes the lane's advisory lock exclusively, with a try: every
+-- writer of a key holds that lock shared from before its rows get their
+-- ids until it commits (the lane trigger, migration 0004), so a lane with a
+-- writer in flight is skipped, and no row of a key is handed out while a
+-- row with a smaller id may still commit (DESIGN §4.3 rule 6). The lock is
+-- held until the fetch commits, so pick, a later statement with a later
+-- snapshot, sees every row of those keys that will ever have a smaller id
+-- than the rows it hands out. The CASE takes the lock only of lanes that
+-- are otherwise free to lease.
 UPDATE {L} l
-SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
+SET locked_by = $1, locked_until = statement_timestamp() + $2::interval
 FROM (
     SELECT c.consumer_group, c.topic, c.partition_key
     FROM {L} c
@@ -26,12 +27,38 @@ FROM (
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
       AND ($4::text IS NULL OR c.topic = $4)
       AND c.consumer_group = $5 -- outbox lanes all belong to the group ''
+      AND CASE WHEN c.ready_at <= statement_timestamp()
+                AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
+               THEN pg_try_advisory_xact_lock({LANE_LOCK_C}) ELSE false END
     ORDER BY c.ready_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
 RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
+
+-- name: TakeNotes
+-- The first statement of every fetch: it turns the notes writers left (a
+-- key without a lane, or whose lane sleeps past the writer's row) into
+-- lanes, oldest first, at most 1,000 at a time. A lane is created ready at
+-- its note's time, or woken to it; a blocked lane (FailedBlock) stays
+-- asleep. Notes are only ever inserted by writers and deleted here, so
+-- writers never wait for this statement, nor it for them; it takes the lane
+-- rows in key order, so two relays taking notes wait for each other at
+-- most.
+WITH n AS (
+    DELETE FROM {N} n
+    WHERE n.id IN (SELECT x.id FROM {N} x ORDER BY x.id LIMIT 1000 FOR UPDATE SKIP LOCKED)
+    RETURNING n.consumer_group, n.topic, n.partition_key, n.ready_at
+)
+INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at)
+SELECT n.consumer_group, n.topic, n.partition_key, min(n.ready_at)
+FROM n
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3
+ON CONFLICT (consumer_group, topic, partition_key)
+DO UPDATE SET ready_at = EXCLUDED.ready_at
+WHERE l.ready_at > EXCLUDED.ready_at AND NOT l.blocked
 
 -- name: Pick
 -- Both statements compare with statement_timestamp(), not now(): now()
@@ -156,24 +183,17 @@ SELECT NOT (p.id IN (SELECT id FROM handed WHERE NOT ok)) AS ok, p.id, p.event_i
        p.event_type, p.payload, p.metadata, p.attempts, p.max_attempts, p.created_at
 FROM picked p
 
--- name: GateLanes
--- A relay waits its turn on a lane that writers never leave free (a hot
--- key with overlapping writers, where SKIP LOCKED would skip it forever):
--- it closes the lane's gate, so writers arriving from then on queue on
--- the lane's advisory lock (lanes.gated, see the lane trigger), takes
--- that lock exclusively, and waits, with a lock timeout, for the writers
--- that came before the gate. Then it leases the lane as leaseLanes does.
-UPDATE {L} l SET gated = true
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
-WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-  AND NOT l.gated
-
 -- name: LaneLock
-SELECT pg_advisory_xact_lock({LANE_LOCK_KEY})
+-- A relay waits its turn on a lane that writers never leave free (a hot key
+-- with overlapping writers, where a try would fail forever): it waits, with
+-- a lock timeout, for the lane's advisory lock. PostgreSQL queues the
+-- writers that arrive after it behind its request, so it waits only for the
+-- writers that came before. Then it leases the lane as leaseLanes does.
+SELECT pg_advisory_xact_lock({LANE_LOCK})
 
 -- name: LeaseLane
 UPDATE {L} l
-SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, gated = false
+SET locked_by = $1, locked_until = statement_timestamp() + $2::interval
 FROM (
     SELECT c.consumer_group, c.topic, c.partition_key
     FROM {L} c
@@ -201,18 +221,22 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
 
 -- name: KeepLane
 -- KeepLane keeps a lane this worker holds for its next run (engine.next):
--- it renews the lane's lease and locks it FOR UPDATE NOWAIT, which fails
--- at once (lock_not_available) while a writer of the key is in flight, so
--- that Pick, the next statement of the same transaction, sees every row
+-- it renews the lane's lease and takes the lane's advisory lock with a try,
+-- so that Pick, the next statement of the same transaction, sees every row
 -- that will ever have a smaller id than the rows it hands out, as after
--- LeaseLanes. No row when the lease is no longer ours.
+-- LeaseLanes. While a writer of the key is in flight the try fails, and the
+-- lane is given back free and ready instead: Pick, which takes rows only
+-- from lanes this worker holds, then hands out nothing, and the next fetch
+-- takes the key once the writer is done. No row when the lease is no
+-- longer ours.
 UPDATE {L} l
-SET locked_until = statement_timestamp() + $2::interval
+SET locked_until = CASE WHEN c.got THEN statement_timestamp() + $2::interval END,
+    locked_by = CASE WHEN c.got THEN l.locked_by END
 FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key
+    SELECT c.consumer_group, c.topic, c.partition_key, pg_try_advisory_xact_lock({LANE_LOCK_C}) AS got
     FROM {L} c
     WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5 AND c.locked_by = $1
-    FOR UPDATE NOWAIT
+    FOR NO KEY UPDATE NOWAIT
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
 RETURNING l.floor_id
@@ -360,16 +384,17 @@ UNION ALL
 SELECT 'ready', NULL, NULL, NULL FROM kept WHERE ready_at <= now()
 
 -- name: LockEmptyLanes
--- Lanes found empty or asleep are settled only under a FOR UPDATE lock,
--- which a writer's KEY SHARE lock keeps us from taking while its row is
--- not yet committed (and which makes a writer arriving later wait for us
--- and then see what we wrote). It is taken in a transaction of its own,
--- never as an upgrade of LockLanes' lock (engine.settleCareful says why).
+-- Lanes found empty or asleep are settled only while this worker holds
+-- their advisory lock exclusively, which no writer of the key can hold at
+-- the same time: a lane with a writer in flight is skipped (and given back
+-- ready), and a writer arriving later waits for our commit, then sees the
+-- lane deleted or asleep and leaves a note. The lane rows are locked too,
+-- in a transaction of their own (engine.settleCareful).
 SELECT l.consumer_group, l.topic, l.partition_key
 FROM {L} l
 JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
   ON l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
-WHERE l.locked_by = $1
+WHERE l.locked_by = $1 AND pg_try_advisory_xact_lock({LANE_LOCK_L})
 FOR UPDATE OF l SKIP LOCKED
 
 -- name: DeleteEmptyLanes

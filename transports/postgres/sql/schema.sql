@@ -31,9 +31,9 @@ INSERT INTO {M} (table_name, version) VALUES ($1, $2)
 SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL
 
 -- name: DropTables
--- Drop: the table and its lanes table; their triggers and indexes go with
--- them.
-DROP TABLE IF EXISTS {T}, {L} CASCADE
+-- Drop: the table, its lanes table and its lane notes table; their triggers
+-- and indexes go with them.
+DROP TABLE IF EXISTS {T}, {L}, {N} CASCADE
 
 -- name: DropFunctions
 -- Drop: the trigger functions the migrations created for the table.

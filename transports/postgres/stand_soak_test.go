@@ -1,0 +1,15 @@
+//go:build soak
+
+package postgres
+
+import "testing"
+
+// TestSoak_MultiKeyTransactionsNeverDeadlock is the deadlock stand of
+// TestEnqueue_MultiKeyTransactionsNeverDeadlock at ten times its size.
+func TestSoak_MultiKeyTransactionsNeverDeadlock(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	interleavedWritersStand(t, pool, ob, standConfig{
+		writers: 8, txs: 100_000 / 8, keys: 20, newKeys: true, relays: 2, minKeys: 2, maxKeys: 5,
+	})
+}
