@@ -308,8 +308,12 @@ type ObservabilityConfig struct {
 // path in upper case with underscores: postgres.url is OMNIBUS_POSTGRES_URL,
 // kafka.sasl.password is OMNIBUS_KAFKA_SASL_PASSWORD. Lists are
 // comma-separated (OMNIBUS_KAFKA_BROKERS=a:9092,b:9092), durations are Go
-// durations (30s, 1h30m).
+// durations (30s, 1h30m). An OMNIBUS_* variable that sets no key is an
+// error, as an unknown YAML key is (CheckEnv).
 func LoadConfig(path string) (Config, error) {
+	if err := CheckEnv(os.Environ()); err != nil {
+		return Config{}, err
+	}
 	return loadConfig(path, os.LookupEnv)
 }
 

@@ -10,7 +10,7 @@ set -euo pipefail
 PG_PORT=5432
 REDIS_PORT=6379
 CLUSTER_PORTS=(7001 7002 7003)
-CLUSTER_DIR="${OMNIBUS_REDIS_CLUSTER_DIR:-/var/lib/omnibus-redis-cluster}"
+CLUSTER_DIR="${OMNIBUS_TEST_REDIS_CLUSTER_DIR:-/var/lib/omnibus-redis-cluster}"
 ONLY="${1:-all}" # all | postgres | redis | redis-cluster
 
 reachable() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/omnibus-go/omnibus"
+	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/console"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -24,6 +25,9 @@ const (
 	envConsoleToken     = "OMNIBUS_CONSOLE_TOKEN"
 	envConsoleBasicAuth = "OMNIBUS_CONSOLE_BASIC_AUTH" // user:password
 )
+
+// The CLI's own variables set no configuration key.
+func init() { bus.ReserveEnv("OMNIBUS_CONFIG", envConsoleToken, envConsoleBasicAuth) }
 
 // consoleCommand builds `omnibus console`.
 func (a *app) consoleCommand() *cobra.Command {

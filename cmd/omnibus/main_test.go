@@ -156,6 +156,22 @@ outbox:
 	assert.Contains(t, r.stdout, "retention: 1h0m0s")
 }
 
+// A typo'd environment variable fails `config check` and every start, as a
+// typo'd YAML key does; on main `OMNIBUS_BROKR=redis` printed "configuration
+// OK … broker: memory".
+func TestConfigCheck_UnknownEnvironmentVariableExits2(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"OMNIBUS_BROKR": "redis", "OMNIBUS_CONFIG": ""}
+	a := &app{
+		lookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+		environ:   func() []string { return []string{"OMNIBUS_BROKR=redis", "OMNIBUS_CONFIG=", "HOME=/root"} },
+	}
+	r := cliWith(t, context.Background(), a, "config", "check")
+	assert.Equal(t, 2, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+	assert.Contains(t, r.stderr, "environment variable OMNIBUS_BROKR sets no configuration key (did you mean OMNIBUS_BROKER?)")
+	assert.NotContains(t, r.stdout, "configuration OK")
+}
+
 func TestBadUsageAndBadConfigExit2(t *testing.T) {
 	t.Parallel()
 	bad := writeConfig(t, "broker: rabbitmq\n")

@@ -36,6 +36,9 @@ func usagef(format string, args ...any) error {
 type app struct {
 	stdout, stderr io.Writer
 	lookupEnv      func(string) (string, bool)
+	// environ lists the environment (os.Environ) for the check that every
+	// OMNIBUS_* variable sets a key; nil skips the check (tests).
+	environ func() []string
 
 	configPath string
 	logLevel   string
@@ -49,7 +52,7 @@ type app struct {
 
 // run executes the command line args and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr, lookupEnv: os.LookupEnv}
+	a := &app{stdout: stdout, stderr: stderr, lookupEnv: os.LookupEnv, environ: os.Environ}
 	return a.run(ctx, args)
 }
 
@@ -187,6 +190,11 @@ func (a *app) loadRawConfig() (bus.Config, error) {
 		}
 		if cfg, err = bus.ParseConfig(data); err != nil {
 			return bus.Config{}, fmt.Errorf("%s: %w", a.configPath, err)
+		}
+	}
+	if a.environ != nil {
+		if err := bus.CheckEnv(a.environ()); err != nil {
+			return bus.Config{}, err
 		}
 	}
 	if err := cfg.ApplyEnv(a.lookupEnv); err != nil {

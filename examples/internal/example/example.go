@@ -143,6 +143,10 @@ func Config(edit func(*bus.Config)) (bus.Config, error) {
 			return cfg, err
 		}
 	}
+	bus.ReserveEnv("OMNIBUS_CONFIG")
+	if err := bus.CheckEnv(os.Environ()); err != nil {
+		return cfg, err
+	}
 	if err := cfg.ApplyEnv(os.LookupEnv); err != nil {
 		return cfg, err
 	}
