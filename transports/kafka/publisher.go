@@ -160,6 +160,9 @@ func (p *Publisher) publish(ctx context.Context, topic string, msgs []*message.M
 	if len(msgs) == 0 {
 		return nil
 	}
+	if err := ValidateTopic(topic); err != nil {
+		return bus.Permanent(fmt.Errorf("publish to kafka: %w", err))
+	}
 	records := make([]*sarama.ProducerMessage, len(msgs))
 	for i, msg := range msgs {
 		if msg == nil {

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -143,8 +144,12 @@ func (b *Broker) Close() error {
 	return nil
 }
 
-// Publish appends copies of msgs to topic's log, in order, and returns.
+// Publish appends copies of msgs to topic's log, in order, and returns. A
+// topic bus.ValidateTopic refuses is a permanent error.
 func (b *Broker) Publish(topic string, msgs ...*message.Message) error {
+	if err := bus.ValidateTopic(topic); err != nil {
+		return bus.Permanent(fmt.Errorf("publish to memory topic: %w", err))
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -218,6 +219,9 @@ func TestEnqueue_TextPostgreSQLCannotStoreIsRefusedByField(t *testing.T) {
 	}{
 		{"topic with NUL", "topic", "or\x00ders", nil},
 		{"topic not UTF-8", "topic", "or\xffders", nil},
+		{"topic with a control character", "topic", "ord\x01ers", nil},
+		{"topic with a zero-width space", "topic", "ord\u200bers", nil},
+		{"topic too long", "topic", strings.Repeat("t", bus.MaxTopicLength+1), nil},
 		{"partition key with NUL", bus.KeyPartitionKey, "t", func(m *message.Message) { bus.SetPartitionKey(m, "k\x00") }},
 		{"partition key not UTF-8", bus.KeyPartitionKey, "t", func(m *message.Message) { bus.SetPartitionKey(m, "k\xc3") }},
 		{"event type with NUL", bus.KeyEventType, "t", func(m *message.Message) { bus.SetEventType(m, "order\x00paid") }},
@@ -240,6 +244,9 @@ func TestEnqueue_TextPostgreSQLCannotStoreIsRefusedByField(t *testing.T) {
 			var invalid *InvalidMessageError
 			require.ErrorAs(t, err, &invalid, "want an InvalidMessageError, got %v", err)
 			assert.Equal(t, c.field, invalid.Field)
+			if c.field == "topic" {
+				assert.ErrorIs(t, err, bus.ErrInvalidTopic)
+			}
 			var one int
 			require.NoError(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&one), "the caller's transaction is not aborted")
 			require.NoError(t, tx.Commit(ctx))

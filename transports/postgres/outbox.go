@@ -124,11 +124,16 @@ type InvalidMessageError struct {
 	UUID  string
 	Field string
 	Why   string
+	// Err is the rule's own error where it has one (a *bus.TopicError for
+	// the topic), for errors.Is and errors.As.
+	Err error
 }
 
 func (e *InvalidMessageError) Error() string {
 	return fmt.Sprintf("invalid message %q: %s: %s", e.UUID, e.Field, e.Why)
 }
+
+func (e *InvalidMessageError) Unwrap() error { return e.Err }
 
 // Enqueue inserts msgs into the outbox for topic using db: a pgx.Tx of the
 // caller's business transaction, a pool or a connection. It never begins or
@@ -141,18 +146,20 @@ func (e *InvalidMessageError) Error() string {
 // When ctx carries an OpenTelemetry span, its W3C trace context is stored in
 // each event's metadata (traceparent, tracestate), replacing any the message
 // carried, so the relay and the consumers continue the caller's trace.
-// Text that PostgreSQL cannot store (a NUL byte or invalid UTF-8 in the
-// topic, partition key, event type, or a metadata key or value) makes a
-// message invalid; it is refused before any SQL runs, so the caller's
+// The topic must pass bus.ValidateTopic (no control or invisible
+// character, valid UTF-8, at most bus.MaxTopicLength bytes). Text that
+// PostgreSQL cannot store (a NUL byte or invalid UTF-8 in the partition
+// key, event type, or a metadata key or value) makes a message invalid; it is refused before any SQL runs, so the caller's
 // transaction stays usable and nothing is stored altered.
 // If any message is invalid, nothing is written and the error names it.
 func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*message.Message) error {
-	if topic == "" {
-		return errors.New("enqueue: topic: must not be empty")
-	}
 	if len(msgs) == 0 {
+		if err := bus.ValidateTopic(topic); err != nil {
+			return fmt.Errorf("enqueue to %q: %w", o.cfg.Table, err)
+		}
 		return nil
 	}
+	topicErr := bus.ValidateTopic(topic)
 	n := len(msgs)
 	var (
 		ids       = make([]uuid.UUID, n)
@@ -176,8 +183,9 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 			return bad("UUID", "not a UUID (the outbox keys events by UUID)")
 		}
 		ids[i] = id
-		if why := badText(topic); why != "" {
-			return bad("topic", why)
+		var terr *bus.TopicError
+		if errors.As(topicErr, &terr) {
+			return fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: "topic", Why: terr.Error(), Err: terr})
 		}
 		if len(msg.Payload) > o.cfg.MaxPayloadBytes {
 			return bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), o.cfg.MaxPayloadBytes))

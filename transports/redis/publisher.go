@@ -86,6 +86,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	if err := ValidateTopic(topic); err != nil {
+		return bus.Permanent(fmt.Errorf("publish to redis: %w", err))
+	}
 	stream := p.cfg.StreamPrefix + topic
 	req := &publishRequest{stream: stream, entries: make([][]any, len(msgs)), done: make(chan error, 1)}
 	for i, msg := range msgs {
