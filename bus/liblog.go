@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // LibraryLogger carries the lines a client library prints through its own
@@ -20,13 +21,32 @@ import (
 // of the process; later Opens do not change it. Transports create theirs
 // with NewLibraryLogger. It is safe for concurrent use: the library may
 // print while the logger is being set.
+//
+// A client retrying a broker that is down prints the same line again and
+// again (go-redis: one per dial attempt, four per failed command). A
+// LibraryLogger logs a line once and then holds back exact repeats of it:
+// the next different line (the connection's state changed) carries how
+// many were held back ("repeats_before"), and a line still repeating is
+// logged again at most once every LibraryRepeatEvery, with how many times
+// it came meanwhile ("repeated"). So an outage is one line per state
+// change and per interval, not one per retry.
 type LibraryLogger struct {
 	name    string
 	level   slog.Level
 	install func(*LibraryLogger)
 	once    sync.Once
 	l       atomic.Pointer[slog.Logger]
+
+	mu      sync.Mutex
+	now     func() time.Time // time.Now; tests move it
+	last    string
+	lastAt  time.Time
+	repeats int
 }
+
+// LibraryRepeatEvery is how often a LibraryLogger logs a line that keeps
+// repeating.
+const LibraryRepeatEvery = time.Minute
 
 var (
 	libraryLoggersMu sync.Mutex
@@ -67,7 +87,30 @@ func (l *LibraryLogger) log(ctx context.Context, line string) {
 	if lg == nil || !lg.Enabled(ctx, l.level) {
 		return
 	}
-	lg.Log(ctx, l.level, strings.TrimRight(line, "\n"))
+	line = strings.TrimRight(line, "\n")
+	now := time.Now
+	if l.now != nil {
+		now = l.now
+	}
+	t := now()
+	l.mu.Lock()
+	same := line == l.last
+	if same && t.Sub(l.lastAt) < LibraryRepeatEvery {
+		l.repeats++
+		l.mu.Unlock()
+		return
+	}
+	repeats := l.repeats
+	l.last, l.lastAt, l.repeats = line, t, 0
+	l.mu.Unlock()
+	switch {
+	case repeats == 0:
+		lg.Log(ctx, l.level, line)
+	case same:
+		lg.Log(ctx, l.level, line, "repeated", repeats)
+	default:
+		lg.Log(ctx, l.level, line, "repeats_before", repeats)
+	}
 }
 
 // Print logs fmt.Sprint(v...) (sarama's StdLogger).
