@@ -3,12 +3,16 @@
 GO ?= go
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all demo test test-short services lint fmt vet bench soak build fuzz
+.PHONY: all demo test test-short services lint fmt vet bench soak build fuzz install
 
 all: build
 
 build:
 	$(GO) build ./...
+
+## install: the omnibus command into $(go env GOBIN) (or GOPATH/bin), from this clone
+install:
+	$(GO) install ./cmd/omnibus
 
 ## services: start PostgreSQL, Redis and a 3-node Redis Cluster (127.0.0.1:7001-7003) when they are not reachable
 services:
