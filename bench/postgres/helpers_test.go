@@ -123,7 +123,7 @@ func isFetch(sql string) bool { return strings.HasPrefix(strings.TrimSpace(sql),
 
 // isLease tells the fetch's first statement, which leases lanes.
 func isLease(sql string) bool {
-	return strings.Contains(sql, "gated = false") && strings.Contains(sql, "LIMIT $3")
+	return strings.Contains(sql, "pg_try_advisory_xact_lock") && strings.Contains(sql, "LIMIT $3")
 }
 
 // label names a statement by its first words, with quoted names (tables,
@@ -169,6 +169,12 @@ func (t *tracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBa
 	t.capture(d.SQL, d.Args)
 	c, ok := ctx.Value(batchKey{}).(*batchClock)
 	if !ok {
+		return
+	}
+	if strings.HasPrefix(strings.TrimSpace(d.SQL), "SELECT set_config(") {
+		// The engine's batches open with set_config statements; PostgreSQL
+		// answers a batch as a whole, so charge its round trip to the
+		// statement that does the work.
 		return
 	}
 	now := time.Now()
