@@ -175,7 +175,9 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64, acks []settle
 	b.Queue(e.q.bookkeeping)
 	b.Queue(e.q.generic)
 	if len(acks) > 0 {
+		b.Queue(e.q.settlePlans)
 		b.Queue(e.q.settle, e.settleArgs(acks)...)
+		b.Queue(e.q.planJoins)
 	}
 	b.Queue(e.q.keepLane, e.worker, e.lease, k.group, k.topic, k.key)
 	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1}, true)
@@ -192,12 +194,11 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64, acks []settle
 }
 
 func (e *engine) scanNext(br pgx.BatchResults, start time.Time, settled bool) (fetchResult, error) {
-	for range 2 { // Bookkeeping, GenericPlans
-		if _, err := br.Exec(); err != nil {
-			return fetchResult{}, err
-		}
-	}
+	skip := 2 // Bookkeeping, GenericPlans
 	if settled {
+		skip += 3 // SettlePlans, Settle, PlanJoins
+	}
+	for range skip {
 		if _, err := br.Exec(); err != nil {
 			return fetchResult{}, err
 		}
@@ -408,6 +409,7 @@ func (e *engine) settle(ctx context.Context, ops []settleOp) (int64, error) {
 	// One round trip, one implicit transaction (see Bookkeeping).
 	b := &pgx.Batch{}
 	b.Queue(e.q.bookkeeping)
+	b.Queue(e.q.settlePlans)
 	b.Queue(e.q.settle, e.settleArgs(ops)...)
 	n, err := batchLast(ctx, e.pool, b, func(rows pgx.Rows) (int64, error) {
 		return pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])

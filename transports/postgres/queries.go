@@ -22,6 +22,8 @@ type queries struct {
 	keepLane     string
 	bookkeeping  string
 	generic      string
+	settlePlans  string
+	planJoins    string
 	starved      string
 	settle       string
 	lockLanes    string
@@ -52,6 +54,8 @@ func newQueries(t tableName, inbox bool) *queries {
 		keepLane:    r.sql("KeepLane"),
 		bookkeeping: r.sql("Bookkeeping"),
 		generic:     r.sql("GenericPlans"),
+		settlePlans: r.sql("SettlePlans"),
+		planJoins:   r.sql("PlanJoins"),
 		starved:     r.sql("StarvedLanes"),
 		settle:      r.sql("Settle"),
 		lockLanes:   r.sql("LockLanes"),

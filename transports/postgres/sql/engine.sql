@@ -211,6 +211,15 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
 -- waiting for the WAL flush.
 SELECT set_config('synchronous_commit', 'off', true)
 
+-- name: SettlePlans
+-- SettlePlans comes right before Settle in its transaction: no nested
+-- loops, so its joins of arrays with rows are hashed (see Settle). PlanJoins
+-- turns them back on for the statements after it.
+SELECT set_config('enable_nestloop', 'off', true)
+
+-- name: PlanJoins
+SELECT set_config('enable_nestloop', (SELECT reset_val FROM pg_settings WHERE name = 'enable_nestloop'), true)
+
 -- name: GenericPlans
 -- GenericPlans makes the rest of a transaction of engine.next use generic
 -- plans: they are planned once per connection instead of at every run of a
@@ -256,15 +265,17 @@ LIMIT $4
 -- name: Settle
 -- Settlement of many rows in one statement, guarded by the lease so a
 -- worker whose lease was taken over never clobbers the new holder's row.
--- Acks ($2, with $12 the attempts their lease set) are joined to their
--- rows by id alone: the planner then reads the arrays and looks each id up
--- in the primary key. (A second condition id = ANY($2) made it scan the
--- rows through that condition and re-read the whole array for each row, a
--- join filter quadratic in the batch: 157 ms for 1,000 acks instead of 20,
--- and the relay's bottleneck in BenchmarkRelayDrain.) An ack completes the
--- row even from an older lease (it was delivered) and takes back its
--- lease's count when it is the current one, so a completed row's attempts
--- are its counted failures. Releases ($3, rows given back unhandled,
+-- Acks ($2, with $12 the attempts their lease set) are addressed by
+-- id = ANY(...), which the planner always serves from the primary key, and
+-- matched with their leases by a join that must not be a nested loop (the
+-- SettlePlans statement before it turns nested loops off): a nested loop
+-- re-reads the whole unnested array for each row, a join filter quadratic
+-- in the batch (157 ms for 1,000 acks instead of 14, the relay's bottleneck
+-- in BenchmarkRelayDrain), and its generic plan, which PostgreSQL switches
+-- prepared statements to, estimates the arrays at 10 elements and picks one.
+-- An ack completes the row even from an older lease (it was delivered) and
+-- takes back its lease's count when it is the current one, so a completed
+-- row's attempts are its counted failures. Releases ($3, rows given back unhandled,
 -- with $10 the attempts their lease set) and failures ($4..$9, few)
 -- carry the attempts value of the lease they settle: the lease counted
 -- the delivery, a release takes it back, a failure keeps it (inc 1) or
@@ -280,13 +291,13 @@ WITH acked AS (
     SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
         attempts = t.attempts - (t.attempts = u.lease)::int
     FROM unnest($2::bigint[], $12::int[]) AS u(id, lease)
-    WHERE t.id = u.id AND t.locked_by = $1
+    WHERE t.id = u.id AND t.id = ANY($2::bigint[]) AND t.locked_by = $1
     RETURNING 1
 ), released AS (
     UPDATE {T} t
     SET locked_by = NULL, locked_until = NULL, attempts = t.attempts - 1
     FROM unnest($3::bigint[], $10::int[]) AS u(id, lease)
-    WHERE t.id = u.id AND t.locked_by = $1 AND t.attempts = u.lease
+    WHERE t.id = u.id AND t.id = ANY($3::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
     RETURNING 1
 ), failed AS (
     UPDATE {T} t SET
@@ -300,7 +311,7 @@ WITH acked AS (
         locked_until = NULL
     FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[], $11::int[])
          AS u(id, op, inc, give_up, retry_at, err, lease)
-    WHERE t.id = u.id AND t.locked_by = $1 AND t.attempts = u.lease
+    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)
