@@ -92,7 +92,7 @@ const (
 var tableObjectSuffixes = []string{"",
 	"_lanes", "_lanes_pkey", "_lanes_ready_idx", "_notes", "_notes_pkey", "_notes_id_seq", "_notes_key_idx", "_pkey", "_id_seq",
 	"_event_uidx", "_message_uidx", "_fetch_idx", "_key_idx", "_failed_idx", "_completed_idx",
-	"_lane_fn", "_lane_trg", "_notify_fn", "_notify_trg", "_status_check", "_max_attempts_check",
+	"_lane_fn", "_lane_lock_fn", "_lane_trg", "_notify_fn", "_notify_trg", "_status_check", "_max_attempts_check",
 }
 
 const (

@@ -176,3 +176,44 @@ func payloadsOf(t *testing.T, _ *engine, key string, rs []row) []string {
 	}
 	return out
 }
+
+// A relay that keeps a key for its next run (engine.next) while a writer of
+// the key is in flight gives up that run, but not the lane: it still holds
+// it and gives it back itself. (When KeepLane let the lease go in the same
+// statement, the relay's own next fetch could lease the key again before its
+// give-back ran; the give-back then saw the new run's rows leased and put
+// the lane to sleep for a whole lease: BenchmarkPoisonKey and
+// BenchmarkHotKeyThroughput stalled for 30 s.)
+func TestLanes_NextRunWithAWriterInFlightKeepsTheLane(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	for i := range 20 {
+		enqueue(t, pool, ob, "t", event("k", fmt.Sprintf("r%02d", i)))
+	}
+	e := testEngine(pool, ob, "relay", 16)
+	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	run := res.units[0]
+	require.Len(t, run.rows, 16)
+
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(ctx) }()
+	require.NoError(t, ob.Enqueue(ctx, writer, "t", event("k", "written")))
+
+	acks := make([]settleOp, len(run.rows))
+	for i, r := range run.rows {
+		acks[i] = r.settle('a')
+	}
+	next, err := e.next(ctx, *run.lane, run.rows[len(run.rows)-1].id, acks)
+	require.Error(t, err, "the next run is not taken while a writer of the key is in flight")
+	assert.True(t, isLockTimeout(err), "it fails as lock_not_available: %v", err)
+	assert.Empty(t, next.units)
+	var lockedBy *string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT locked_by FROM `+ob.q.table.derived("_lanes").quoted()).Scan(&lockedBy))
+	require.NotNil(t, lockedBy, "the lane is still leased")
+	assert.Equal(t, "relay", *lockedBy, "the lane is still the relay's, to give back itself")
+	require.NoError(t, writer.Commit(ctx))
+}

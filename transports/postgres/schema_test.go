@@ -61,13 +61,13 @@ func TestDrop_RemovesWhatMigrateMadeSoMigrateStartsOver(t *testing.T) {
 			+ (SELECT count(*) FROM `+pgx.Identifier{schema, "omnibus_schema_migrations"}.Sanitize()+`)`, schema).Scan(&n))
 		return n
 	}
-	require.Equal(t, 6+4+2*len(migrations), objects(), "two tables, two lanes tables, two lane notes tables, four trigger functions, the migration records")
+	require.Equal(t, 6+6+2*len(migrations), objects(), "two tables, two lanes tables, two lane notes tables, four trigger functions and two lane lock functions, the migration records")
 
 	require.NoError(t, Drop(ctx, pool, tables...))
 	assert.Zero(t, objects(), "Drop leaves no table, function or migration record of its tables")
 	require.NoError(t, Drop(ctx, pool, tables...), "dropping what is not there is a no-op")
 	require.NoError(t, Migrate(ctx, pool, tables...))
-	assert.Equal(t, 6+4+2*len(migrations), objects(), "Migrate starts over after Drop")
+	assert.Equal(t, 6+6+2*len(migrations), objects(), "Migrate starts over after Drop")
 	assert.Error(t, Drop(ctx, pool), "Drop needs its tables named")
 }
 

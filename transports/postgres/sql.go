@@ -30,6 +30,7 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //	{T} {L} {N} {M} the table, its lanes table, its lane notes table, the
 //	                migrations bookkeeping table of its schema (quoted)
 //	{LANE_FN} {NOTIFY_FN}  its trigger functions (quoted, schema-qualified)
+//	{LANE_LOCK_FN}  its function that takes a lane's lock or fails (migration 0005)
 //	{LANE_LOCK}     the two arguments of the advisory lock of the lane ($1, $2,
 //	                $3) = (group, topic, key), computed as the lane trigger does
 //	{LANE_LOCK_L}   the same for the lane l (columns of {L})
@@ -65,6 +66,7 @@ func (v vocab) replacer() *strings.Replacer {
 		"{N}", t.derived("_notes").quoted(),
 		"{M}", migrationsBook(t),
 		"{LANE_FN}", t.qualifiedIdent("_lane_fn"),
+		"{LANE_LOCK_FN}", t.qualifiedIdent("_lane_lock_fn"),
 		"{NOTIFY_FN}", t.qualifiedIdent("_notify_fn"),
 		"{LANE_LOCK}", laneLock(t, "$1", "$2", "$3"),
 		"{LANE_LOCK_L}", laneLock(t, "l.consumer_group", "l.topic", "l.partition_key"),

@@ -230,21 +230,19 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
 
 -- name: KeepLane
 -- KeepLane keeps a lane this worker holds for its next run (engine.next):
--- it renews the lane's lease and takes the lane's advisory lock with a try,
--- so that Pick, the next statement of the same transaction, sees every row
--- that will ever have a smaller id than the rows it hands out, as after
--- LeaseLanes. While a writer of the key is in flight the try fails, and the
--- lane is given back free and ready instead: Pick, which takes rows only
--- from lanes this worker holds, then hands out nothing, and the next fetch
--- takes the key once the writer is done. No row when the lease is no
--- longer ours.
+-- it renews the lane's lease and takes the lane's advisory lock with a try
+-- ({LANE_LOCK_FN}, migration 0005), which fails the batch at once
+-- (lock_not_available) while a writer of the key is in flight, so that
+-- Pick, the next statement of the same transaction, sees every row that
+-- will ever have a smaller id than the rows it hands out, as after
+-- LeaseLanes. No row when the lease is no longer ours.
 UPDATE {L} l
-SET locked_until = CASE WHEN c.got THEN statement_timestamp() + $2::interval END,
-    locked_by = CASE WHEN c.got THEN l.locked_by END
+SET locked_until = statement_timestamp() + $2::interval
 FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key, pg_try_advisory_xact_lock({LANE_LOCK_C}) AS got
+    SELECT c.consumer_group, c.topic, c.partition_key
     FROM {L} c
     WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5 AND c.locked_by = $1
+      AND {LANE_LOCK_FN}(c.consumer_group, c.topic, c.partition_key)
     FOR NO KEY UPDATE NOWAIT
 ) c
 WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key

@@ -36,8 +36,8 @@ SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, to_regclass(
 DROP TABLE IF EXISTS {T}, {L}, {N} CASCADE
 
 -- name: DropFunctions
--- Drop: the trigger functions the migrations created for the table.
-DROP FUNCTION IF EXISTS {LANE_FN}(), {NOTIFY_FN}()
+-- Drop: the functions the migrations created for the table.
+DROP FUNCTION IF EXISTS {LANE_FN}(), {NOTIFY_FN}(), {LANE_LOCK_FN}(text, text, text)
 
 -- name: ForgetMigrations
 -- Drop: the table's migration records, so that Migrate starts over.
