@@ -174,6 +174,38 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	return s, nil
 }
 
+// Health is what a table needs watched over months of running: how much of
+// its relations vacuum has yet to clean, and whether anything keeps vacuum
+// from cleaning at all.
+type Health struct {
+	// DeadTupleRatio is, for the table, its lanes table and its lane notes
+	// table, the share of dead row versions among all (0 to 1), as
+	// PostgreSQL's statistics last counted them.
+	TableDeadRatio, LanesDeadRatio, NotesDeadRatio float64
+	// OldestTransactionAge is the age of the oldest transaction in the
+	// database that holds back the xmin horizon (a session with an open
+	// snapshot, idle in transaction included, or a prepared transaction);
+	// 0 when none. While it is open, vacuum removes no version deleted after
+	// it started, in any table: see docs/operations.md, "Long transactions".
+	OldestTransactionAge time.Duration
+}
+
+// Health reads the table's Health in one statement.
+func (a *Admin) Health(ctx context.Context) (Health, error) {
+	var (
+		h   Health
+		age time.Duration
+	)
+	err := a.pool.QueryRow(ctx, a.aq.health, pgx.NamedArgs{
+		"t": a.tn.quoted(), "l": a.tn.derived("_lanes").quoted(), "n": a.tn.derived("_notes").quoted(),
+	}).Scan(&h.TableDeadRatio, &h.LanesDeadRatio, &h.NotesDeadRatio, &age)
+	if err != nil {
+		return Health{}, fmt.Errorf("health of %q: %w", a.tn, err)
+	}
+	h.OldestTransactionAge = age
+	return h, nil
+}
+
 // FailedRow is a terminally failed row, as ListFailed returns it.
 type FailedRow struct {
 	ID      int64

@@ -228,6 +228,8 @@ const (
 //	…_pending_keys                 keys with pending rows
 //	…_held_keys                    keys held behind a tried head waiting for its retry
 //	…_blocked_keys                 keys frozen behind a failed row (FailedBlock)
+//	…_dead_tuple_ratio{relation}   dead share of the table, lanes and notes tables
+//	…_oldest_transaction_age_seconds  oldest transaction holding the xmin horizon
 //	…_stats_up                     1 when the last query succeeded, else 0
 //	…_stats_query_duration_seconds how long the last query took
 //
@@ -240,10 +242,12 @@ type StatsCollector struct {
 
 	pending, due, leased, expired, failed, completed, oldest *prometheus.Desc
 	keys, held, blocked, up, took                            *prometheus.Desc
+	dead, horizon                                            *prometheus.Desc
 
 	mu       sync.Mutex
 	at       time.Time // when the cached figures were taken
 	stats    Stats
+	health   Health
 	err      error
 	duration time.Duration
 }
@@ -294,6 +298,11 @@ func NewStatsCollector(admin *Admin, reg prometheus.Registerer, minInterval time
 		blocked:   desc("blocked_keys", "Keys frozen behind a failed row by the FailedBlock policy."),
 		up:        desc("stats_up", "1 when the last statistics query succeeded, 0 when it failed."),
 		took:      desc("stats_query_duration_seconds", "How long the last statistics query took."),
+		dead: prometheus.NewDesc(prefix+"dead_tuple_ratio",
+			"Share of dead row versions in the table (relation=table), its lanes table (lanes) and its lane notes table (notes), as PostgreSQL last counted them.",
+			[]string{"relation"}, constLabels),
+		horizon: desc("oldest_transaction_age_seconds",
+			"Age of the oldest transaction of the database that holds back the xmin horizon (vacuum removes nothing deleted after it started); 0 when none."),
 	}
 	if reg != nil {
 		if err := reg.Register(c); err != nil {
@@ -306,7 +315,7 @@ func NewStatsCollector(admin *Admin, reg prometheus.Registerer, minInterval time
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.due, c.leased, c.expired, c.failed, c.completed, c.oldest,
-		c.keys, c.held, c.blocked, c.up, c.took} {
+		c.keys, c.held, c.blocked, c.up, c.took, c.dead, c.horizon} {
 		ch <- d
 	}
 }
@@ -314,7 +323,7 @@ func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. It queries the database when the
 // cached figures are older than the interval.
 func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
-	s, err, took := c.snapshot()
+	s, h, err, took := c.snapshot()
 	gauge := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}
@@ -334,21 +343,28 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.keys, float64(s.Lanes))
 	gauge(c.held, float64(s.HeldKeys))
 	gauge(c.blocked, float64(s.BlockedKeys))
+	for rel, v := range map[string]float64{"table": h.TableDeadRatio, "lanes": h.LanesDeadRatio, "notes": h.NotesDeadRatio} {
+		ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, v, rel)
+	}
+	gauge(c.horizon, h.OldestTransactionAge.Seconds())
 }
 
 // snapshot returns the cached figures, refreshing them first when they are
 // older than the interval. Concurrent scrapes wait for one query. A failed
 // query is cached too, so a database in trouble is not asked more often.
-func (c *StatsCollector) snapshot() (Stats, error, time.Duration) {
+func (c *StatsCollector) snapshot() (Stats, Health, error, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.at.IsZero() || time.Since(c.at) >= c.interval {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		start := time.Now()
 		c.stats, c.err = c.admin.Stats(ctx)
+		if c.err == nil {
+			c.health, c.err = c.admin.Health(ctx)
+		}
 		c.duration = time.Since(start)
 		cancel()
 		c.at = time.Now()
 	}
-	return c.stats, c.err, c.duration
+	return c.stats, c.health, c.err, c.duration
 }

@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
 // gathered returns the value of the one gauge or counter called name.
@@ -323,4 +326,55 @@ func TestNewMetrics_SharesCollectorsOfOneRegistry(t *testing.T) {
 	n, err := testutil.GatherAndCount(reg, "omnibus_inbox_stored_messages_total")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "one series for new, one for duplicate")
+}
+
+// The gauges an operator needs to see a long transaction and its cost coming
+// (issue 27 point 7): the age of the oldest transaction holding the xmin
+// horizon, and the dead share of the table, its lanes and its notes.
+func TestStatsCollector_ShowsTheHorizonAndTheDeadVersions(t *testing.T) {
+	t.Parallel()
+	f := newAdminFixture(t)
+	ctx := context.Background()
+	for i := range 50 {
+		enqueue(t, f.pool, f.ob, "t", event(fmt.Sprintf("k%d", i), "x"))
+	}
+	takeNotes(t, f.pool, f.ob.q)
+
+	// A report left open: a REPEATABLE READ transaction with its snapshot.
+	report, err := f.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = report.Rollback(ctx) }()
+	var one int
+	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(&one))
+
+	// Every row completed, every lane gone: dead versions the open report
+	// keeps vacuum from removing.
+	f.exec(`UPDATE {T} SET status = 'completed', completed_at = now()`)
+	f.exec(`DELETE FROM {L}`)
+
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		reg := prometheus.NewRegistry()
+		_, err := NewStatsCollector(f.admin, reg, time.Millisecond)
+		require.NoError(t, err)
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		dead := map[string]float64{}
+		var horizon float64
+		for _, mf := range mfs {
+			switch mf.GetName() {
+			case "omnibus_outbox_dead_tuple_ratio":
+				for _, m := range mf.GetMetric() {
+					dead[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+				}
+			case "omnibus_outbox_oldest_transaction_age_seconds":
+				horizon = mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		// PostgreSQL counts dead versions at the end of each transaction,
+		// at most once a second per session: wait for them.
+		return horizon >= 1 && dead["table"] >= 0.5 && dead["lanes"] == 1
+	}, "the open report to show as the oldest transaction, and the completed rows and deleted lanes as dead")
+	h, err := f.admin.Health(ctx)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, h.OldestTransactionAge, time.Second)
 }

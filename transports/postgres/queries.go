@@ -85,6 +85,7 @@ func newQueries(t tableName, inbox bool) *queries {
 // arguments (pgx.NamedArgs).
 type adminQueries struct {
 	stats         string
+	health        string
 	listFailed    string // {FILTER} rendered as filterMark
 	failedCeiling string
 	requeue       string
@@ -113,6 +114,7 @@ func newAdminQueries(t tableName, inbox, byGroup bool) *adminQueries {
 	r := vocab{t: t, inbox: inbox, byGroup: byGroup}.renderer()
 	q := &adminQueries{
 		stats:         r.sql("Stats"),
+		health:        r.sql("Health"),
 		listFailed:    r.sql("ListFailed"),
 		failedCeiling: r.sql("FailedCeiling"),
 		requeue:       r.sql("RequeueFailed"),

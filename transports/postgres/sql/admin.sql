@@ -25,6 +25,27 @@ SELECT r.pending, r.due, r.leased, r.expired, r.failed, r.completed, r.oldest, n
        k.lanes, k.blocked, k.held
 FROM r, k
 
+-- name: Health
+-- Admin.Health: what long-running operation needs watched. The dead share
+-- of each of the table's three relations, as PostgreSQL's statistics count
+-- them (0 when they count nothing), and the age of the oldest transaction of
+-- the database that holds back the xmin horizon (a session with a snapshot,
+-- or a prepared transaction), this session excepted: while it is open,
+-- vacuum cannot remove the versions the relay and the writers leave behind.
+WITH dead AS (
+    SELECT s.relid, s.n_dead_tup::float8 / NULLIF(s.n_live_tup + s.n_dead_tup, 0) AS ratio
+    FROM pg_stat_user_tables s
+    WHERE s.relid IN (to_regclass(@t), to_regclass(@l), to_regclass(@n))
+)
+SELECT COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@t)), 0),
+       COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@l)), 0),
+       COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@n)), 0),
+       GREATEST(
+           (SELECT max(now() - a.xact_start) FROM pg_stat_activity a
+            WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid() AND a.datname = current_database()),
+           (SELECT max(now() - p.prepared) FROM pg_prepared_xacts p WHERE p.database = current_database()),
+           interval '0')
+
 -- fragment: KeyCounts
 -- {KEY_COUNTS} of Stats and Overview: the keys with pending rows (lanes,
 -- and keys whose writers left a note no relay has turned into a lane yet),
