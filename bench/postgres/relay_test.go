@@ -2,9 +2,9 @@ package postgresbench
 
 import (
 	"context"
-	"runtime"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
