@@ -112,10 +112,15 @@ type standConfig struct {
 	// with think it sleeps up to 10 ms after each.
 	minKeys, maxKeys int
 	think            bool
+	// timeout bounds the whole stand; 0 means 2 minutes.
+	timeout time.Duration
 }
 
 func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg standConfig) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	if cfg.timeout == 0 {
+		cfg.timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 	defer cancel()
 	table := ob.q.table.quoted()
 
@@ -215,7 +220,11 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 	require.NoError(t, err)
 	committed, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
-	testenv.Eventually(t, time.Minute, func() bool {
+	drainFor := time.Minute
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > drainFor {
+		drainFor = time.Until(dl) // a large stand's relays have a backlog to drain
+	}
+	testenv.Eventually(t, drainFor, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, id := range committed {

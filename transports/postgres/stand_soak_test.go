@@ -2,7 +2,10 @@
 
 package postgres
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestSoak_MultiKeyTransactionsNeverDeadlock is the deadlock stand of
 // TestEnqueue_MultiKeyTransactionsNeverDeadlock at ten times its size.
@@ -11,5 +14,6 @@ func TestSoak_MultiKeyTransactionsNeverDeadlock(t *testing.T) {
 	pool, ob := newOutbox(t)
 	interleavedWritersStand(t, pool, ob, standConfig{
 		writers: 8, txs: 100_000 / 8, keys: 20, newKeys: true, relays: 2, minKeys: 2, maxKeys: 5,
+		timeout: 20 * time.Minute,
 	})
 }
