@@ -33,7 +33,7 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //	{LANE_LOCK_FN}  its function that takes a lane's lock or fails (migration 0005)
 //	{LANE_LOCK}     the two arguments of the advisory lock of the lane ($1, $2,
 //	                $3) = (group, topic, key), computed as the lane trigger does
-//	{LANE_LOCK_L}   the same for the lane l (columns of {L})
+//	{LANE_LOCK_C} {LANE_LOCK_K}  the same for the lane c / k (rows of {L})
 //	{G_T} {G_F}     engine, inbox: rows t / f belong to the group of lane
 //	{G_TK} {G_FK}   engine, inbox: rows t / f belong to the group of k
 //	{G_TKG}         engine, inbox: rows t belong to the group k.g
@@ -69,7 +69,7 @@ func (v vocab) replacer() *strings.Replacer {
 		"{LANE_LOCK_FN}", t.qualifiedIdent("_lane_lock_fn"),
 		"{NOTIFY_FN}", t.qualifiedIdent("_notify_fn"),
 		"{LANE_LOCK}", laneLock(t, "$1", "$2", "$3"),
-		"{LANE_LOCK_L}", laneLock(t, "l.consumer_group", "l.topic", "l.partition_key"),
+		"{LANE_LOCK_K}", laneLock(t, "k.consumer_group", "k.topic", "k.partition_key"),
 		"{LANE_LOCK_C}", laneLock(t, "c.consumer_group", "c.topic", "c.partition_key"),
 		"{FILTER}", filterMark,
 	}
