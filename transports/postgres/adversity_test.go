@@ -114,11 +114,17 @@ type standConfig struct {
 	think            bool
 	// timeout bounds the whole stand; 0 means 2 minutes.
 	timeout time.Duration
+	// batch is each relay's BatchSize; 0 means 10 (small batches, so the
+	// relays interleave as much as they can).
+	batch int
 }
 
 func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg standConfig) {
 	if cfg.timeout == 0 {
 		cfg.timeout = 2 * time.Minute
+	}
+	if cfg.batch == 0 {
+		cfg.batch = 10
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 	defer cancel()
@@ -133,7 +139,7 @@ func interleavedWritersStand(t *testing.T, pool *pgxpool.Pool, ob *Outbox, cfg s
 	subs := make([]*Subscriber, cfg.relays)
 	for i := range subs {
 		s, err := NewSubscriber(pool, SubscriberConfig{
-			Table: ob.Table(), WorkerID: fmt.Sprintf("relay-%d", i), BatchSize: 10, RunLength: 4,
+			Table: ob.Table(), WorkerID: fmt.Sprintf("relay-%d", i), BatchSize: cfg.batch, RunLength: 4,
 			PollInterval: 20 * time.Millisecond, CloseTimeout: time.Second,
 		}, nil)
 		require.NoError(t, err)
