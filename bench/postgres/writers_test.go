@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
 	"github.com/omnibus-go/omnibus/bus"
@@ -67,12 +68,7 @@ func BenchmarkHotKeyWriters(b *testing.B) {
 	var m [6]float64
 	for range b.N {
 		b.StopTimer()
-		pool := pgbench.NewPool(b, 20, nil)
-		t := pgbench.NewTable(b, pool, postgres.KindOutbox, "hotwriters")
-		ob, err := postgres.NewOutbox(postgres.OutboxConfig{Table: t.Name})
-		if err != nil {
-			b.Fatal(err)
-		}
+		pool, t, ob := writerTable(b, "hotwriters")
 		sink := &keyCounter{n: map[string]int{}}
 		b.StartTimer()
 		r := startRelay(b, pool, t, postgres.SubscriberConfig{}, sink)
@@ -150,6 +146,19 @@ func BenchmarkHotKeyWriters(b *testing.B) {
 	}
 }
 
+// writerTable is a fresh outbox table for a writers' benchmark, with its pool
+// and its Outbox.
+func writerTable(b *testing.B, scenario string) (*pgxpool.Pool, pgbench.Table, *postgres.Outbox) {
+	b.Helper()
+	pool := pgbench.NewPool(b, 20, nil)
+	t := pgbench.NewTable(b, pool, postgres.KindOutbox, scenario)
+	ob, err := postgres.NewOutbox(postgres.OutboxConfig{Table: t.Name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pool, t, ob
+}
+
 // Shape of BenchmarkMultiKeyWriters.
 const (
 	multiWriters  = 8
@@ -173,12 +182,7 @@ func BenchmarkMultiKeyWriters(b *testing.B) {
 	var m [6]float64
 	for range b.N {
 		b.StopTimer()
-		pool := pgbench.NewPool(b, 20, nil)
-		t := pgbench.NewTable(b, pool, postgres.KindOutbox, "multikey")
-		ob, err := postgres.NewOutbox(postgres.OutboxConfig{Table: t.Name})
-		if err != nil {
-			b.Fatal(err)
-		}
+		pool, t, ob := writerTable(b, "multikey")
 		sink := pgbench.NewSink(0)
 		b.StartTimer()
 		r := startRelay(b, pool, t, postgres.SubscriberConfig{}, sink)
