@@ -178,7 +178,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 // its relations vacuum has yet to clean, and whether anything keeps vacuum
 // from cleaning at all.
 type Health struct {
-	// DeadTupleRatio is, for the table, its lanes table and its lane notes
+	// TableDeadRatio, LanesDeadRatio and NotesDeadRatio are, for the table, its lanes table and its lane notes
 	// table, the share of dead row versions among all (0 to 1), as
 	// PostgreSQL's statistics last counted them.
 	TableDeadRatio, LanesDeadRatio, NotesDeadRatio float64
