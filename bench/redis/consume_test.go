@@ -16,7 +16,8 @@ import (
 // BenchmarkConsume reads messagesPerOp messages of payloadBytes, published
 // beforehand, through a new consumer group of one subscriber, acking each
 // in a goroutine of its own as Watermill's router does; with each subscriber
-// in turn, default settings.
+// in turn, default settings, and the floor: one loop of raw XREADGROUP COUNT
+// rawReadCount and one XACK per batch.
 func BenchmarkConsume(b *testing.B) {
 	admin := newClient(b)
 	body := payload()
@@ -30,55 +31,92 @@ func BenchmarkConsume(b *testing.B) {
 	// would add them one round trip at a time; seeding is not timed anyway).
 	theirSeeder := pipelinePublisher{admin: admin, marshal: redisstream.DefaultMarshallerUnmarshaller{}}
 
-	var oursRate, theirsRate float64
+	var oursRate, theirsRate, rawRate float64
 	b.ResetTimer()
 	for i := range b.N {
 		runs := []struct {
-			rate   *float64
-			name   string
-			seeder message.Publisher
-			sub    func(b *testing.B) message.Subscriber
+			rate    *float64
+			name    string
+			seeder  message.Publisher
+			consume func(stream string) time.Duration
 		}{
-			{&oursRate, "omnibus", ourSeeder, func(b *testing.B) message.Subscriber {
+			{&oursRate, "omnibus", ourSeeder, func(stream string) time.Duration {
 				s, err := omniredis.NewSubscriber(omniredis.SubscriberConfig{Client: newClient(b), ConsumerGroup: "bench"}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				return s
+				return consumeAndClose(b, "omnibus", s, stream)
 			}},
-			{&theirsRate, "watermill", theirSeeder, func(b *testing.B) message.Subscriber {
+			{&theirsRate, "watermill", theirSeeder, func(stream string) time.Duration {
 				s, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 					Client: newClient(b), ConsumerGroup: "bench", Consumer: "bench",
 				}, watermill.NopLogger{})
 				if err != nil {
 					b.Fatal(err)
 				}
-				return s
+				return consumeAndClose(b, "watermill", s, stream)
+			}},
+			{&rawRate, "raw", ourSeeder, func(stream string) time.Duration {
+				return consumeRaw(b, admin, stream)
 			}},
 		}
-		if i%2 == 1 {
-			runs[0], runs[1] = runs[1], runs[0]
-		}
-		for _, r := range runs {
+		for j := range runs {
+			r := runs[(i+j)%len(runs)] // rotate which goes first
 			b.StopTimer()
 			stream := streamName(b, admin, "consume-"+r.name)
 			seed(b, r.seeder, stream, body)
-			sub := r.sub(b)
 			b.StartTimer()
-			elapsed := consume(b, r.name, sub, stream)
-			*r.rate += messagesPerOp / elapsed.Seconds()
-			b.StopTimer()
-			if err := sub.Close(); err != nil {
-				b.Error(err)
-			}
-			b.StartTimer()
+			*r.rate += messagesPerOp / r.consume(stream).Seconds()
 		}
 	}
 	b.StopTimer()
 	n := float64(b.N)
 	b.ReportMetric(oursRate/n, "omnibus-msgs/s")
 	b.ReportMetric(theirsRate/n, "watermill-msgs/s")
+	b.ReportMetric(rawRate/n, "raw-msgs/s")
 	b.ReportMetric(oursRate/theirsRate, "omnibus/watermill-x")
+	b.ReportMetric(100*oursRate/rawRate, "omnibus/raw-%")
+}
+
+// consumeAndClose consumes the stream with sub and closes sub, untimed.
+func consumeAndClose(b *testing.B, name string, sub message.Subscriber, stream string) time.Duration {
+	elapsed := consume(b, name, sub, stream)
+	b.StopTimer()
+	if err := sub.Close(); err != nil {
+		b.Error(err)
+	}
+	b.StartTimer()
+	return elapsed
+}
+
+// consumeRaw is the floor: one loop of XREADGROUP COUNT rawReadCount through
+// a new consumer group, and one XACK of each batch's IDs, no framework
+// around it (no decoding, no handler, no redelivery).
+func consumeRaw(b *testing.B, c *redis.Client, stream string) time.Duration {
+	ctx := context.Background()
+	start := time.Now()
+	if err := c.XGroupCreateMkStream(ctx, stream, "bench", "0").Err(); err != nil {
+		b.Fatal(err)
+	}
+	for read := 0; read < messagesPerOp; {
+		res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: "bench", Consumer: "raw", Streams: []string{stream, ">"}, Count: rawReadCount, Block: time.Second,
+		}).Result()
+		if err != nil {
+			b.Fatalf("raw: read %d of %d: %v", read, messagesPerOp, err)
+		}
+		ids := make([]string, 0, rawReadCount)
+		for _, s := range res {
+			for _, m := range s.Messages {
+				ids = append(ids, m.ID)
+			}
+		}
+		if err := c.XAck(ctx, stream, "bench", ids...).Err(); err != nil {
+			b.Fatal(err)
+		}
+		read += len(ids)
+	}
+	return time.Since(start)
 }
 
 func seed(b *testing.B, pub message.Publisher, stream string, body []byte) {

@@ -19,6 +19,10 @@ const (
 	// messagesPerOp is how many messages one iteration publishes or consumes,
 	// per implementation.
 	messagesPerOp = 50000
+	// rawPipeline is how many XADDs the raw floor sends per pipeline.
+	rawPipeline = 100
+	// rawReadCount is the COUNT of each XREADGROUP of the raw floor.
+	rawReadCount = 500
 	// poolSize is the connection pool of every client, ours and theirs.
 	poolSize = 128
 )

@@ -1,6 +1,7 @@
 package redisbench
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,12 +10,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
 
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // BenchmarkPublish publishes messagesPerOp messages of payloadBytes from 64
-// goroutines, one message per Publish call, with each publisher in turn.
+// goroutines, one message per Publish call, with each publisher in turn, and
+// the floor: one loop of raw go-redis pipelines of rawPipeline XADDs.
 func BenchmarkPublish(b *testing.B) {
 	admin := newClient(b)
 	body := payload()
@@ -30,20 +33,24 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	defer theirs.Close()
 
-	var oursRate, theirsRate float64
+	floor := newClient(b)
+
+	var oursRate, theirsRate, rawRate float64
 	b.ResetTimer()
 	for i := range b.N {
 		runs := []struct {
-			rate *float64
-			pub  message.Publisher
-			name string
-		}{{&oursRate, ours, "omnibus"}, {&theirsRate, theirs, "watermill"}}
-		if i%2 == 1 {
-			runs[0], runs[1] = runs[1], runs[0]
+			rate    *float64
+			publish func(stream string) time.Duration
+			name    string
+		}{
+			{&oursRate, func(s string) time.Duration { return publishConcurrently(b, ours, s, body) }, "omnibus"},
+			{&theirsRate, func(s string) time.Duration { return publishConcurrently(b, theirs, s, body) }, "watermill"},
+			{&rawRate, func(s string) time.Duration { return publishRaw(b, floor, s, body) }, "raw"},
 		}
-		for _, r := range runs {
+		for j := range runs {
+			r := runs[(i+j)%len(runs)] // rotate which goes first
 			stream := streamName(b, admin, "publish-"+r.name)
-			elapsed := publishConcurrently(b, r.pub, stream, body)
+			elapsed := r.publish(stream)
 			*r.rate += messagesPerOp / elapsed.Seconds()
 			if n := admin.XLen(b.Context(), stream).Val(); n != messagesPerOp {
 				b.Fatalf("%s: stream holds %d entries, want %d", r.name, n, messagesPerOp)
@@ -54,7 +61,26 @@ func BenchmarkPublish(b *testing.B) {
 	n := float64(b.N)
 	b.ReportMetric(oursRate/n, "omnibus-msgs/s")
 	b.ReportMetric(theirsRate/n, "watermill-msgs/s")
+	b.ReportMetric(rawRate/n, "raw-msgs/s")
 	b.ReportMetric(oursRate/theirsRate, "omnibus/watermill-x")
+	b.ReportMetric(100*oursRate/rawRate, "omnibus/raw-%")
+}
+
+// publishRaw is the floor: one loop of go-redis pipelines of rawPipeline
+// XADDs, each entry a uuid and the payload, no framework around it.
+func publishRaw(b *testing.B, c *redis.Client, stream string, body []byte) time.Duration {
+	ctx := context.Background()
+	start := time.Now()
+	for done := 0; done < messagesPerOp; done += rawPipeline {
+		pipe := c.Pipeline()
+		for range min(rawPipeline, messagesPerOp-done) {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"uuid", watermill.NewUUID(), "payload", body}})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
 }
 
 func publishConcurrently(b *testing.B, pub message.Publisher, topic string, body []byte) time.Duration {
