@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -75,11 +76,18 @@ func (sub *subscription) flushAcks() error {
 		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 		var err error
 		for chunk := range slices.Chunk(ids, ackChunk) {
-			if err = sub.client.XAck(ctx, sub.stream, sub.cfg.ConsumerGroup, chunk...).Err(); err != nil {
+			if err = sub.xack(ctx, chunk); err != nil {
 				break
 			}
 		}
 		cancel()
+		if errors.Is(err, errFenced) {
+			// Not ours to acknowledge any more: the shard's next owner
+			// delivers these entries again.
+			sub.logger.Warn("shard lease lost; leaving the acknowledgements to the shard's next owner", "entries", len(ids))
+			sub.fenced()
+			continue
+		}
 		if err != nil {
 			sub.ackMu.Lock()
 			sub.acks = append(ids, sub.acks...)
@@ -87,4 +95,25 @@ func (sub *subscription) flushAcks() error {
 			return fmt.Errorf("ack %d entries of stream %q: %w", len(ids), sub.stream, err)
 		}
 	}
+}
+
+// xack acknowledges ids: with XACK, or for a shard subscription only while
+// its lease is ours (errFenced otherwise).
+func (sub *subscription) xack(ctx context.Context, ids []string) error {
+	if sub.fence == nil {
+		return sub.client.XAck(ctx, sub.stream, sub.cfg.ConsumerGroup, ids...).Err()
+	}
+	argv := make([]any, 0, 2+len(ids))
+	argv = append(argv, sub.cfg.ConsumerGroup, sub.fence.value)
+	for _, id := range ids {
+		argv = append(argv, id)
+	}
+	n, err := fencedAckScript.Run(ctx, sub.client, []string{sub.stream, sub.fence.key}, argv...).Int64()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		return errFenced
+	}
+	return nil
 }

@@ -201,6 +201,12 @@ type PublisherConfig struct {
 	// pipeline as if Redis were down, again on every retry. Set it to at
 	// most the server's proto-max-bulk-len. Default DefaultMaxEntryBytes.
 	MaxEntryBytes int
+	// Shards spreads each topic over this many streams, a message to the
+	// shard of its partition key (bus.ShardOf; a message without a key to
+	// any shard). It must equal the Subscribers' Shards and the count
+	// recorded for the topic on its first use (see the package
+	// documentation). Default DefaultShards (1: one stream per topic).
+	Shards int
 }
 
 func (c *PublisherConfig) setDefaults() {
@@ -216,6 +222,17 @@ func (c *PublisherConfig) setDefaults() {
 	if c.MaxEntryBytes == 0 {
 		c.MaxEntryBytes = DefaultMaxEntryBytes
 	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+}
+
+// validShards checks a Shards field.
+func validShards(n int) error {
+	if n < 0 || n > bus.MaxShards {
+		return invalid("Shards", "%d is not between 1 and %d", n, bus.MaxShards)
+	}
+	return nil
 }
 
 // Validate reports the first invalid field as a *bus.ConfigError.
@@ -241,7 +258,7 @@ func (c PublisherConfig) Validate() error {
 	if c.MaxEntryBytes < 0 {
 		return invalid("MaxEntryBytes", "negative (%d)", c.MaxEntryBytes)
 	}
-	return nil
+	return validShards(c.Shards)
 }
 
 func (c PublisherConfig) connection() connection {
@@ -323,6 +340,20 @@ type SubscriberConfig struct {
 	OrderByKey bool
 	// Marshaler turns stream fields into messages; DefaultMarshaler when nil.
 	Marshaler Marshaler
+
+	// Shards is the number of streams each topic is spread over (see
+	// PublisherConfig.Shards; the two must agree). With more than one, the
+	// consumers of a group share the shards: each shard is read by one
+	// consumer at a time, which holds a lease on it (ShardLease), so the
+	// entries of a key are handled in stream order however many consumers
+	// run. Default DefaultShards.
+	Shards int
+	// ShardLease is how long a consumer owns a shard without renewing its
+	// lease (it renews every third of it). A consumer that stops renewing
+	// (killed, paused, cut off) loses its shards to the others after about
+	// this long, and hands out and acknowledges nothing of them once it
+	// knows. Used only with Shards > 1. Default DefaultShardLease.
+	ShardLease time.Duration
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -349,6 +380,12 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.Marshaler == nil {
 		c.Marshaler = DefaultMarshaler{}
+	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.ShardLease == 0 {
+		c.ShardLease = DefaultShardLease
 	}
 }
 
@@ -390,7 +427,10 @@ func (c SubscriberConfig) Validate() error {
 	if c.NackDelay < 0 {
 		return invalid("NackDelay", "negative (%s)", c.NackDelay)
 	}
-	return nil
+	if c.ShardLease != 0 && c.ShardLease < MinShardLease {
+		return invalid("ShardLease", "%s is shorter than %s", c.ShardLease, MinShardLease)
+	}
+	return validShards(c.Shards)
 }
 
 func (c SubscriberConfig) connection() connection {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/omnibus-go/omnibus/bus"
@@ -38,6 +39,9 @@ type Publisher struct {
 
 	queue chan *publishRequest
 
+	counts shardCounts  // Shards > 1: the topics whose recorded count matches
+	spread atomic.Int64 // Shards > 1: spreads messages without a key
+
 	mu      sync.RWMutex // guards closed against Publish calls in progress
 	closed  bool
 	calls   sync.WaitGroup // Publish calls in progress
@@ -48,7 +52,8 @@ type Publisher struct {
 }
 
 type publishRequest struct {
-	stream  string
+	stream  string   // the topic's stream, for errors
+	streams []string // of each entry: stream, or its shard
 	entries [][]any
 	done    chan error
 }
@@ -90,11 +95,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return bus.Permanent(fmt.Errorf("publish to redis: %w", err))
 	}
 	stream := p.cfg.StreamPrefix + topic
-	req := &publishRequest{stream: stream, entries: make([][]any, len(msgs)), done: make(chan error, 1)}
+	req := &publishRequest{stream: stream, streams: make([]string, len(msgs)), entries: make([][]any, len(msgs)), done: make(chan error, 1)}
 	for i, msg := range msgs {
 		if msg == nil {
 			return bus.Permanent(fmt.Errorf("publish to stream %q: message %d of %d is nil", stream, i+1, len(msgs)))
 		}
+		req.streams[i] = p.streamOf(stream, msg)
 		fields, err := p.cfg.Marshaler.Marshal(topic, msg)
 		if err == nil {
 			err = p.checkSize(fields)
@@ -119,6 +125,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	ctx := msgs[0].Context()
 	if err := ctx.Err(); err != nil {
 		return classify(fmt.Errorf("publish to stream %q: %w", stream, err))
+	}
+	// A count that differs from the topic's is an operator's mistake a relay
+	// waits out (transient): failing the events would park them.
+	if err := p.counts.check(ctx, p.client, topic, stream, p.cfg.Shards); err != nil {
+		return bus.Transient(fmt.Errorf("publish to topic %q: %w", topic, err))
 	}
 	select {
 	case p.queue <- req:
@@ -206,15 +217,15 @@ func (p *Publisher) send(batch []*publishRequest) {
 	ctx := context.Background()
 	if len(batch) == 1 && len(batch[0].entries) == 1 {
 		req := batch[0]
-		err := p.client.XAdd(ctx, p.xaddArgs(req.stream, req.entries[0])).Err()
+		err := p.client.XAdd(ctx, p.xaddArgs(req.streams[0], req.entries[0])).Err()
 		req.done <- p.wrap(req, err)
 		return
 	}
 	pipe := p.client.Pipeline()
 	cmds := make([]*redis.StringCmd, 0, len(batch))
 	for _, req := range batch {
-		for _, fields := range req.entries {
-			cmds = append(cmds, pipe.XAdd(ctx, p.xaddArgs(req.stream, fields)))
+		for i, fields := range req.entries {
+			cmds = append(cmds, pipe.XAdd(ctx, p.xaddArgs(req.streams[i], fields)))
 		}
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
@@ -229,6 +240,19 @@ func (p *Publisher) send(batch []*publishRequest) {
 		}
 		req.done <- p.wrap(req, errors.Join(errs...))
 	}
+}
+
+// streamOf returns the stream msg goes to: stream, or with Shards > 1 the
+// shard of its partition key (any shard, in turn, when it has none).
+func (p *Publisher) streamOf(stream string, msg *message.Message) string {
+	if p.cfg.Shards <= 1 {
+		return stream
+	}
+	key := bus.PartitionKey(msg)
+	if key == "" {
+		return shardStream(stream, int(p.spread.Add(1)%int64(p.cfg.Shards)))
+	}
+	return shardStream(stream, bus.ShardOf(key, p.cfg.Shards))
 }
 
 func (p *Publisher) xaddArgs(stream string, fields []any) *redis.XAddArgs {

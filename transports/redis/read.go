@@ -18,7 +18,13 @@ func (sub *subscription) readLoop() {
 	defer sub.loops.Done()
 	var claimTick <-chan time.Time
 	claiming := sub.cfg.ClaimInterval >= 0
-	if claiming {
+	if sub.fence != nil {
+		// A shard subscription first takes over all its shard's pending
+		// entries (a previous owner's), in stream order, then reads new
+		// ones; nobody else reads the shard meanwhile, so it never
+		// reclaims again.
+		claiming = true
+	} else if claiming {
 		t := time.NewTicker(sub.cfg.ClaimInterval)
 		defer t.Stop()
 		claimTick = t.C
@@ -39,6 +45,10 @@ func (sub *subscription) readLoop() {
 			used, next, err := sub.claimIdle(cursor, n)
 			n -= used
 			switch {
+			case errors.Is(err, errFenced):
+				sub.release(n)
+				sub.fenced()
+				return
 			case err != nil:
 				sub.readFailed("reclaim", err, claimBackoff)
 				claiming, cursor = false, "0-0" // try again at the next tick
@@ -52,6 +62,14 @@ func (sub *subscription) readLoop() {
 			if n == 0 {
 				continue
 			}
+			if sub.fence != nil && claiming {
+				sub.release(n) // the takeover is not complete: nothing new yet
+				continue
+			}
+		}
+		if sub.fence != nil {
+			sub.readShard(n, readBackoff)
+			continue
 		}
 		block := sub.cfg.BlockTime
 		if claiming {
@@ -148,4 +166,62 @@ func (sub *subscription) accept(xm redis.XMessage, count int64) {
 	}
 	sub.mu.Unlock()
 	sub.start(e)
+}
+
+// readShard reads up to n new entries of a shard (the caller holds n slots)
+// while its lease is ours. When there is nothing new it waits, with a plain
+// XREAD that changes nothing in the group, for an entry after the last one.
+func (sub *subscription) readShard(n int, b *backoff) {
+	if !sub.fence.valid() {
+		sub.release(n)
+		sub.fenced()
+		return
+	}
+	raw, err := fencedReadScript.Run(context.WithoutCancel(sub.ctx), sub.client,
+		[]string{sub.stream, sub.fence.key},
+		sub.cfg.ConsumerGroup, sub.cfg.Consumer, sub.fence.value, n).Slice()
+	if err == nil && len(raw) == 0 {
+		err = errors.New("unexpected empty reply of a shard read")
+	}
+	if err != nil {
+		sub.release(n)
+		sub.readFailed("read", err, b)
+		return
+	}
+	b.reset()
+	switch status, _ := raw[0].(int64); status {
+	case -1:
+		sub.release(n)
+		sub.fenced()
+	case 1:
+		entries, _ := raw[1].([]any)
+		msgs, err := parseEntries(entries)
+		if err != nil {
+			sub.release(n)
+			sub.readFailed("read", err, b)
+			return
+		}
+		for _, xm := range msgs {
+			sub.accept(xm, 1)
+		}
+		sub.release(n - len(msgs))
+	default:
+		sub.release(n)
+		last, _ := raw[1].(string)
+		block := min(sub.cfg.BlockTime, sub.cfg.ShardLease/4)
+		err := sub.client.XRead(sub.ctx, &redis.XReadArgs{Streams: []string{sub.stream, last}, Count: 1, Block: block}).Err()
+		if err != nil && !errors.Is(err, redis.Nil) && sub.ctx.Err() == nil {
+			sub.readFailed("wait", err, b)
+		}
+	}
+}
+
+// fenced stops a shard subscription whose lease is lost: it hands out,
+// acknowledges and hands back nothing more of the shard.
+func (sub *subscription) fenced() {
+	if sub.fence == nil {
+		return
+	}
+	sub.fence.lose()
+	sub.cancel()
 }

@@ -12,10 +12,19 @@ import (
 // claimIdle takes over up to n entries idle for ClaimIdle in the group's
 // pending list, scanning it from cursor. The caller holds n slots; claimIdle
 // keeps one for each entry it takes over and reports how many it used, and
-// the cursor to continue from ("0-0" when the scan is complete).
+// the cursor to continue from ("0-0" when the scan is complete). A shard
+// subscription takes over every pending entry of its shard, idle or not,
+// and only while its lease is ours (errFenced otherwise).
 func (sub *subscription) claimIdle(cursor string, n int) (used int, next string, err error) {
-	raw, err := autoClaimScript.Run(sub.ctx, sub.client, []string{sub.stream},
-		sub.cfg.ConsumerGroup, sub.cfg.Consumer, sub.cfg.ClaimIdle.Milliseconds(), cursor, n).Result()
+	keys, minIdle, check := []string{sub.stream}, sub.cfg.ClaimIdle.Milliseconds(), ""
+	if sub.fence != nil {
+		keys, minIdle, check = append(keys, sub.fence.key), 0, sub.fence.value
+	}
+	raw, err := autoClaimScript.Run(sub.ctx, sub.client, keys,
+		sub.cfg.ConsumerGroup, sub.cfg.Consumer, minIdle, cursor, n, check).Result()
+	if redis.HasErrorPrefix(err, "FENCED") {
+		return 0, "", errFenced
+	}
 	if err != nil {
 		return 0, "", fmt.Errorf("reclaim idle entries of stream %q: %w", sub.stream, err)
 	}

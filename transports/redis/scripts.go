@@ -3,7 +3,9 @@ package redis
 import "github.com/redis/go-redis/v9"
 
 // The Lua scripts the Subscriber runs. Each touches one stream (KEYS[1]),
-// so they work on Redis Cluster too.
+// and the fenced ones of a shard subscription also the shard's lease key,
+// which shares the stream's slot (see shardStream), so they work on Redis
+// Cluster too.
 
 // claimOwnScript resets the idle time and sets the delivery count of entries
 // this consumer owns, and only those: an entry another consumer has
@@ -33,10 +35,15 @@ return out
 
 // autoClaimScript runs XAUTOCLAIM and reads the delivery count of each
 // claimed entry from the pending list, in one round trip. ARGV: group,
-// consumer, min idle time (ms), start id, count. It returns the next start
-// id, the claimed entries, their delivery counts, and the ids of pending
-// entries whose data was trimmed (Redis 7 drops those from the pending list).
+// consumer, min idle time (ms), start id, count, and for a shard
+// subscription the value its lease must have (KEYS[2], the lease key): a
+// FENCED error when it has another. It returns the next start id, the
+// claimed entries, their delivery counts, and the ids of pending entries
+// whose data was trimmed (Redis 7 drops those from the pending list).
 var autoClaimScript = redis.NewScript(`
+if KEYS[2] and redis.call('GET', KEYS[2]) ~= ARGV[6] then
+  return redis.error_reply('FENCED the shard lease is not this consumer\'s')
+end
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
 local counts = {}
 for i, e in ipairs(r[2]) do

@@ -67,6 +67,11 @@ type Stats struct {
 	// Undecodable is the number of entries the Marshaler could not decode
 	// (they are dead-lettered too).
 	Undecodable int64
+	// ShardsTaken, ShardsReleased and ShardsLost count the shard leases
+	// this Subscriber took, gave back (rebalancing, closing) and lost
+	// (paused or cut off past its lease), with Shards > 1: how often its
+	// groups rebalanced.
+	ShardsTaken, ShardsReleased, ShardsLost int64
 	// TrimmedPending is the number of pending entries found to have been
 	// trimmed from their stream (by MAXLEN or XTRIM) before they were acked.
 	// Their data is gone; each one is logged with its id. A growing count
@@ -76,6 +81,7 @@ type Stats struct {
 
 type stats struct {
 	delivered, acked, nacked, reclaimed, deadLettered, undecodable, trimmed atomic.Int64
+	shardsTaken, shardsReleased, shardsLost                                 atomic.Int64
 }
 
 // NewSubscriber checks cfg and returns a Subscriber. A nil logger means no
@@ -118,15 +124,31 @@ func (s *Subscriber) Stats() Stats {
 		DeadLettered:   s.stats.deadLettered.Load(),
 		Undecodable:    s.stats.undecodable.Load(),
 		TrimmedPending: s.stats.trimmed.Load(),
+		ShardsTaken:    s.stats.shardsTaken.Load(),
+		ShardsReleased: s.stats.shardsReleased.Load(),
+		ShardsLost:     s.stats.shardsLost.Load(),
 	}
 }
 
 // SubscribeInitialize creates the consumer group of topic's stream (and the
-// stream) if missing.
+// stream) if missing; with Shards > 1 it checks the topic's shard count and
+// creates the group of every shard.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return s.ensureGroup(ctx, s.cfg.StreamPrefix+topic)
+	stream := s.cfg.StreamPrefix + topic
+	if err := checkShardCount(ctx, s.client, topic, stream, s.cfg.Shards); err != nil {
+		return err
+	}
+	if s.cfg.Shards <= 1 {
+		return s.ensureGroup(ctx, stream)
+	}
+	for i := range s.cfg.Shards {
+		if err := s.ensureGroup(ctx, shardStream(stream, i)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Subscribe creates the consumer group if missing and starts reading
@@ -142,9 +164,24 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, ErrClosed
 	}
 	s.subs.Add(1)
+	if s.cfg.Shards > 1 {
+		for i := range s.cfg.Shards {
+			s.streams[shardStream(stream, i)] = struct{}{}
+		}
+		s.mu.Unlock()
+		out, err := s.subscribeSharded(ctx, topic, stream)
+		if err != nil {
+			s.subs.Done()
+		}
+		return out, err
+	}
 	s.streams[stream] = struct{}{}
 	s.mu.Unlock()
 
+	if err := checkShardCount(ctx, s.client, topic, stream, s.cfg.Shards); err != nil {
+		s.subs.Done()
+		return nil, err
+	}
 	if err := s.ensureGroup(ctx, stream); err != nil {
 		s.subs.Done()
 		return nil, err

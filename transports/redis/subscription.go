@@ -50,6 +50,12 @@ type subscription struct {
 	msgs  sync.WaitGroup // workers
 	work  chan *entry    // entries for idle workers
 
+	// fence is the lease of a shard subscription (Shards > 1), nil
+	// otherwise; done is closed when a shard subscription has stopped (its
+	// out is its group's, which the group closes).
+	fence *fence
+	done  chan struct{}
+
 	ackMu     sync.Mutex
 	acks      []string
 	ackSignal chan struct{}
@@ -101,7 +107,11 @@ func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *
 }
 
 func (sub *subscription) run() {
-	defer sub.s.subs.Done()
+	if sub.done != nil {
+		defer close(sub.done)
+	} else {
+		defer sub.s.subs.Done()
+	}
 	stop := context.AfterFunc(sub.s.closeCtx, sub.cancel)
 	defer stop()
 	defer sub.cancel()
@@ -115,8 +125,12 @@ func (sub *subscription) run() {
 	sub.msgs.Wait()
 	close(sub.ackStop)
 	<-sub.ackDone
-	sub.handBack()
-	close(sub.out)
+	if sub.fence.valid() {
+		sub.handBack()
+	}
+	if sub.done == nil {
+		close(sub.out)
+	}
 	sub.logger.Debug("subscription stopped")
 }
 
