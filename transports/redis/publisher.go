@@ -129,6 +129,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	// A count that differs from the topic's is an operator's mistake a relay
 	// waits out (transient): failing the events would park them.
 	if err := p.counts.check(ctx, p.client, topic, stream, p.cfg.Shards); err != nil {
+		if ctx.Err() != nil {
+			return contextEnded(stream, ctx.Err())
+		}
 		return bus.Transient(fmt.Errorf("publish to topic %q: %w", topic, err))
 	}
 	select {

@@ -283,6 +283,9 @@ func TestPublisher_TimeoutIsCountedCancellationTransient(t *testing.T) {
 	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
+	// The first Publish to a topic reads its shard count; this test is about
+	// the writes.
+	require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("first"))))
 	// Hold every write on the private server for a while.
 	require.NoError(t, client.Do(ctx, "CLIENT", "PAUSE", "3000", "WRITE").Err())
 	defer client.Do(ctx, "CLIENT", "UNPAUSE")

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	goredis "github.com/redis/go-redis/v9"
@@ -58,8 +59,12 @@ const (
 // keys): the connection of the redis broker and how it uses streams. Read
 // it from a bus.Config with Section and set it with SetSection.
 type Config struct {
-	// Addr is host:port. Default DefaultAddr.
+	// Addr is host:port of a single server. Default DefaultAddr, unless
+	// ClusterAddrs is set; the two exclude each other.
 	Addr string `yaml:"addr"`
+	// ClusterAddrs are host:port of Redis Cluster nodes (some or all): the
+	// broker then opens a cluster client.
+	ClusterAddrs []string `yaml:"cluster_addrs"`
 	// Username and Password authenticate (Redis ACL); the password is
 	// redacted when printed.
 	Username string `yaml:"username"`
@@ -84,6 +89,16 @@ type Config struct {
 	// one at a time, in stream order, within a subscription) or
 	// OrderingNone. Default DefaultOrdering.
 	Ordering string `yaml:"ordering"`
+	// Shards spreads every topic over this many streams by partition key,
+	// read by the consumers of a group one consumer per shard at a time, so
+	// a key's messages keep their order however many consumers run (see
+	// the package documentation). From 1 to bus.MaxShards; all publishers
+	// and subscribers of a topic must agree with the count recorded for it.
+	// Default DefaultShards.
+	Shards int `yaml:"shards"`
+	// ShardLease is how long a consumer owns a shard without renewing its
+	// lease. Default DefaultShardLease; at least MinShardLease.
+	ShardLease time.Duration `yaml:"shard_lease"`
 }
 
 // Section returns the redis section of cfg (a copy: change it with
@@ -94,8 +109,14 @@ func Section(cfg bus.Config) Config { return *cfg.Section(SectionKey).(*Config) 
 func SetSection(cfg *bus.Config, s Config) { cfg.SetSection(SectionKey, &s) }
 
 func (c *Config) setDefaults() {
-	if c.Addr == "" {
+	if c.Addr == "" && len(c.ClusterAddrs) == 0 {
 		c.Addr = DefaultAddr
+	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.ShardLease == 0 {
+		c.ShardLease = DefaultShardLease
 	}
 	if c.Ordering == "" {
 		c.Ordering = DefaultOrdering
@@ -115,7 +136,22 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 // names.
 func (c *Config) validate() error {
 	ck := &bus.Check{}
-	ck.HostPort("addr", c.Addr)
+	if len(c.ClusterAddrs) > 0 {
+		if c.Addr != "" {
+			ck.Fail("cluster_addrs", "set together with redis.addr (%s): give a single server's addr or the cluster's nodes, not both", bus.Quote(c.Addr))
+		}
+		for i, a := range c.ClusterAddrs {
+			ck.HostPort(fmt.Sprintf("cluster_addrs[%d]", i), a)
+		}
+	} else {
+		ck.HostPort("addr", c.Addr)
+	}
+	if c.Shards < 1 || c.Shards > bus.MaxShards {
+		ck.Fail("shards", "%d is not between 1 and %d", c.Shards, bus.MaxShards)
+	}
+	if c.ShardLease < MinShardLease {
+		ck.Fail("shard_lease", "%s is shorter than %s", c.ShardLease, MinShardLease)
+	}
 	ck.NotNegative("db", int64(c.DB))
 	ck.NotNegative("max_len", c.MaxLen)
 	ck.OneOf("ordering", c.Ordering, OrderingKey, OrderingNone)
@@ -144,22 +180,31 @@ func (c Config) checkCAFile() error {
 // one partition key one at a time, in stream order.
 type redisBroker struct {
 	cfg    Config
-	client *goredis.Client
+	client goredis.UniversalClient
 	pub    *Publisher
 	logger *slog.Logger
 }
 
 func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.Broker, error) {
 	r := Section(cfg)
-	opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
 	tlsCfg, err := r.tlsConfig()
 	if ce := (*bus.ConfigError)(nil); errors.As(err, &ce) {
 		return nil, &bus.ConfigError{Field: "redis.tls_ca_file", Reason: ce.Reason}
 	} else if err != nil {
 		return nil, err
 	}
-	opts.TLSConfig = tlsCfg
-	client := goredis.NewClient(opts)
+	var client goredis.UniversalClient
+	where := r.Addr
+	if len(r.ClusterAddrs) > 0 {
+		where = strings.Join(r.ClusterAddrs, ",")
+		client = goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs: r.ClusterAddrs, Username: r.Username, Password: r.Password, TLSConfig: tlsCfg,
+		})
+	} else {
+		client = goredis.NewClient(&goredis.Options{
+			Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: tlsCfg,
+		})
+	}
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
 		// Transient when Redis cannot be reached: bus.OpenBroker then keeps
@@ -168,13 +213,13 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 		// once (as for PostgreSQL), instead of retrying what only an
 		// operator can fix. While running, the same errors are an outage
 		// (transient), see isTransient.
-		err = fmt.Errorf("connect to Redis at %s: %w", r.Addr, err)
+		err = fmt.Errorf("connect to Redis at %s: %w", where, err)
 		if refusedCredentials(err) {
 			return nil, err
 		}
 		return nil, classify(err)
 	}
-	pub, err := NewPublisher(PublisherConfig{Client: client, StreamPrefix: r.StreamPrefix, MaxLen: r.MaxLen}, logger)
+	pub, err := NewPublisher(PublisherConfig{Client: client, StreamPrefix: r.StreamPrefix, MaxLen: r.MaxLen, Shards: r.Shards}, logger)
 	if err != nil {
 		_ = client.Close()
 		return nil, err
@@ -190,6 +235,8 @@ func (b *redisBroker) Subscriber(group string) (message.Subscriber, error) {
 		StreamPrefix:  b.cfg.StreamPrefix,
 		ConsumerGroup: group,
 		OrderByKey:    b.cfg.Ordering != OrderingNone,
+		Shards:        b.cfg.Shards,
+		ShardLease:    b.cfg.ShardLease,
 	}, b.logger)
 }
 
