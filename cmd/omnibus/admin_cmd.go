@@ -66,15 +66,20 @@ func (a *app) adminCommand(kind string) *cobra.Command {
 		Short: "Count the table's rows by state, its keys and the age of the oldest pending row",
 		Args:  noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			return withAdmin(cmd.Context(), func(_ bus.Config, _ *pgxpool.Pool, adm *postgres.Admin) error {
+			return withAdmin(cmd.Context(), func(cfg bus.Config, _ *pgxpool.Pool, adm *postgres.Admin) error {
 				st, err := adm.Stats(cmd.Context())
 				if err != nil {
 					return err
 				}
+				var shards []topicShards
+				if kind == "inbox" {
+					shards = a.inboxShards(cmd.Context(), cfg, groupFlag)
+				}
 				if asJSON {
-					return a.printStatsJSON(adm, st)
+					return a.printStatsJSON(adm, st, shards)
 				}
 				a.printStats(adm, st)
+				a.printShards(shards)
 				return nil
 			})
 		}),
@@ -317,22 +322,23 @@ func (a *app) printStats(adm *postgres.Admin, st postgres.Stats) {
 	_ = w.Flush()
 }
 
-func (a *app) printStatsJSON(adm *postgres.Admin, st postgres.Stats) error {
+func (a *app) printStatsJSON(adm *postgres.Admin, st postgres.Stats, shards []topicShards) error {
 	out := struct {
-		Table             string  `json:"table"`
-		ConsumerGroup     string  `json:"consumer_group,omitempty"`
-		Pending           int64   `json:"pending"`
-		Due               int64   `json:"due"`
-		Leased            int64   `json:"leased"`
-		ExpiredLeases     int64   `json:"expired_leases"`
-		Failed            int64   `json:"failed"`
-		Completed         int64   `json:"completed"`
-		OldestPendingSecs float64 `json:"oldest_pending_age_seconds"`
-		Lanes             int64   `json:"keys_with_pending_rows"`
-		HeldKeys          int64   `json:"held_keys"`
-		BlockedKeys       int64   `json:"blocked_keys"`
+		Table             string        `json:"table"`
+		ConsumerGroup     string        `json:"consumer_group,omitempty"`
+		Pending           int64         `json:"pending"`
+		Due               int64         `json:"due"`
+		Leased            int64         `json:"leased"`
+		ExpiredLeases     int64         `json:"expired_leases"`
+		Failed            int64         `json:"failed"`
+		Completed         int64         `json:"completed"`
+		OldestPendingSecs float64       `json:"oldest_pending_age_seconds"`
+		Lanes             int64         `json:"keys_with_pending_rows"`
+		HeldKeys          int64         `json:"held_keys"`
+		BlockedKeys       int64         `json:"blocked_keys"`
+		Shards            []topicShards `json:"shards,omitempty"`
 	}{adm.Table().Name, adm.ConsumerGroup(), st.Pending, st.Due, st.Leased, st.ExpiredLeases, st.Failed,
-		st.Completed, st.OldestPendingAge.Seconds(), st.Lanes, st.HeldKeys, st.BlockedKeys}
+		st.Completed, st.OldestPendingAge.Seconds(), st.Lanes, st.HeldKeys, st.BlockedKeys, shards}
 	enc := json.NewEncoder(a.stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
@@ -425,4 +431,64 @@ func plural(n int64, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// topicShards is the shards of one inbox topic on a broker that shards
+// topics (redis with redis.shards above 1).
+type topicShards struct {
+	Topic  string            `json:"topic"`
+	Group  string            `json:"consumer_group"`
+	Shards []bus.ShardStatus `json:"shards"`
+}
+
+// inboxShards reports the shards of every inbox topic for the group
+// (inbox.consumer_group unless --group names another), when the configured
+// broker shards topics. A broker it cannot reach is reported on stderr, not
+// as a failure of the stats.
+func (a *app) inboxShards(ctx context.Context, cfg bus.Config, group string) []topicShards {
+	if len(cfg.Inbox.Topics) == 0 || cfg.Broker == bus.BrokerMemory {
+		return nil
+	}
+	if group == "" {
+		group = cfg.Inbox.ConsumerGroup
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := bus.OpenBroker(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "shards: %v\n", err)
+		return nil
+	}
+	defer conn.Close()
+	var out []topicShards
+	for _, topic := range cfg.Inbox.Topics {
+		st, err := conn.ShardStatus(ctx, topic, group)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "shards of topic %q: %v\n", topic, err)
+			return out
+		}
+		if st != nil {
+			out = append(out, topicShards{Topic: topic, Group: group, Shards: st})
+		}
+	}
+	return out
+}
+
+func (a *app) printShards(topics []topicShards) {
+	for _, t := range topics {
+		fmt.Fprintf(a.stdout, "\nshards of topic %s, group %s\n", t.Topic, t.Group)
+		w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "shard\towner\tlag\tpending")
+		for _, s := range t.Shards {
+			owner, lag := s.Owner, strconv.FormatInt(s.Lag, 10)
+			if owner == "" {
+				owner = "-"
+			}
+			if s.Lag < 0 {
+				lag = "?"
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%d\n", s.Shard, owner, lag, s.Pending)
+		}
+		_ = w.Flush()
+	}
 }

@@ -247,3 +247,9 @@ func (b *redisBroker) Close() error {
 	}
 	return err
 }
+
+// ShardStatus implements bus.ShardReporter: the shards of topic for group,
+// nil when the topic is not sharded.
+func (b *redisBroker) ShardStatus(ctx context.Context, topic, group string) ([]bus.ShardStatus, error) {
+	return ShardStatus(ctx, b.client, b.cfg.StreamPrefix+topic, group)
+}

@@ -259,3 +259,42 @@ func ownerOf(value string) (token int64, consumer string) {
 	token, _ = strconv.ParseInt(t, 10, 64)
 	return token, c
 }
+
+// ShardStatus reports every shard of topic's stream (StreamPrefix + topic)
+// for group: its owner (the consumer holding its lease, "" for none), its
+// lag (entries not yet delivered to the group, from XINFO GROUPS; -1 when
+// Redis cannot tell) and its pending entries. It returns nil when the topic
+// has no recorded shard count above 1.
+func ShardStatus(ctx context.Context, client redis.UniversalClient, stream, group string) ([]bus.ShardStatus, error) {
+	n, err := client.Get(ctx, shardsKey(stream)).Int()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the shard count of stream %q: %w", stream, err)
+	}
+	if n <= 1 {
+		return nil, nil
+	}
+	out := make([]bus.ShardStatus, n)
+	for i := range n {
+		shard := shardStream(stream, i)
+		st := bus.ShardStatus{Shard: i, Stream: shard, Lag: -1}
+		owner, err := client.Get(ctx, ownerKey(shard, group)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("read the owner of shard %q: %w", shard, err)
+		}
+		_, st.Owner = ownerOf(owner)
+		groups, err := client.XInfoGroups(ctx, shard).Result()
+		if err != nil && !redis.HasErrorPrefix(err, "ERR no such key") {
+			return nil, fmt.Errorf("read the groups of shard %q: %w", shard, err)
+		}
+		for _, g := range groups {
+			if g.Name == group {
+				st.Lag, st.Pending = g.Lag, g.Pending
+			}
+		}
+		out[i] = st
+	}
+	return out, nil
+}

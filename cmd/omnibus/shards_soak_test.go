@@ -1,0 +1,23 @@
+//go:build soak
+
+package main
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+// The Redis scale-out stand for OMNIBUS_SOAK_DURATION (default 3m): about
+// 250 messages a second over 500 keys, with kills every few seconds and one
+// pause of 4 leases.
+func TestSoak_ShardedRedisKeepsKeyOrderAcrossKillsAndAPause(t *testing.T) {
+	d := 3 * time.Minute
+	if s := os.Getenv("OMNIBUS_SOAK_DURATION"); s != "" {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("OMNIBUS_SOAK_DURATION=%q: %v", s, err)
+		}
+	}
+	runShardStand(t, shardStand{duration: d, messages: int(d.Seconds() * 250), keys: 500, lease: 2 * time.Second})
+}
