@@ -44,6 +44,9 @@ type ShardStatus struct {
 	Lag int64 `json:"lag"`
 	// Pending is how many were handed out and not yet acknowledged.
 	Pending int64 `json:"pending"`
+	// Leases is how many times a consumer of the group took the shard's
+	// lease: it grows with every rebalance, takeover and restart.
+	Leases int64 `json:"leases"`
 }
 
 // ShardReporter is implemented by brokers that spread topics over shards

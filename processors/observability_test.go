@@ -327,6 +327,8 @@ func TestObservabilityDocs_NameExactlyTheExportedMetrics(t *testing.T) {
 		_, err = postgres.NewStatsCollector(a, rec, 0) // Describe does not query
 		require.NoError(t, err)
 	}
+	_, err = processors.NewShardCollector(rec, nil, "g", nil, 0)
+	require.NoError(t, err)
 	require.NotEmpty(t, rec.names)
 	known := func(name string) bool {
 		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {

@@ -173,6 +173,10 @@ host), and stops the same way.`,
 					closers = append(closers, ingest.Close)
 					ingest.AddTo(router)
 				}
+				// Shard owners, lag and pending, on a broker that shards topics.
+				if _, err := processors.NewShardCollector(m.reg, b, b.Config().Inbox.ConsumerGroup, list, 0); err != nil {
+					return nil, err
+				}
 				adm, err := b.InboxAdmin(b.Config().Inbox.ConsumerGroup)
 				if err != nil {
 					return nil, err

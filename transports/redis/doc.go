@@ -43,7 +43,7 @@
 // # Redis Cluster
 //
 // Pass a *goredis.ClusterClient as Client (Addr opens a client for a single
-// server only). Every command and Lua script the transport sends touches one
+// server only); the broker opens one from redis.cluster_addrs. Every command and Lua script the transport sends touches one
 // key, and a stream's consumer group lives in the stream's key, so a stream
 // and its dead-letter stream need not share a slot and need no {hash tag}:
 // the dead-letter copy is its own XADD, followed by the XACK on the stream
@@ -133,9 +133,60 @@
 // consumers, and a failed entry is retried after the ones behind it. With
 // OrderByKey, a subscription hands out entries with the same partition_key
 // one at a time in stream order (the next after the previous is acked or
-// dead-lettered; a nacked one holds its key until it is done). That holds
-// only within one subscription: with several consumers in the group, Redis
-// gives entries of one key to different consumers, and an entry reclaimed
-// from a dead consumer arrives after later entries of its key. For strict
-// per-key order run one consumer per group, or use the PostgreSQL transport.
+// dead-lettered; a nacked one holds its key until it is done). With one
+// stream per topic (Shards 1, the default) that holds only within one
+// subscription: with several consumers in the group, Redis gives entries of
+// one key to different consumers, and an entry reclaimed from a dead
+// consumer arrives after later entries of its key. Shard the topic to keep
+// the order with any number of consumers.
+//
+// # Key-sharded streams
+//
+// With Shards N > 1 (the same in the Publisher and every Subscriber; the
+// broker's redis.shards) a topic is N streams, shard i of stream s named
+// s + ":shard:{i}". The Publisher writes a message to the shard
+// bus.ShardOf(partition key, N) (FNV-1a 32 of the key modulo N, fixed
+// across releases), a message without a key to the shards in turn. A Publish
+// call's messages of one key go out in one pipeline, in order.
+//
+// The Subscribers of a group share a topic's shards like Kafka consumers
+// share partitions. Each keeps a membership in the sorted set
+// s + ":members:" + group (scored by Redis server time) and owns shard i
+// when it is the (i mod members)-th live member, sorted by name; it takes a
+// shard's lease (s + ":shard:{i}:owner:" + group, "<token> <consumer>", with
+// PX ShardLease; the token counts up in ":epoch:" + group) when the lease is
+// free, renews it every third of ShardLease, and gives back the shards
+// that stop being its share (acknowledgements flushed, held entries handed
+// back, lease deleted). A Subscriber reads only the shards it owns: one
+// shard subscription per shard, with OrderByKey as configured.
+//
+// A shard subscription first claims every entry pending in its shard's group
+// (the previous owner's, idle or not, in stream order, with XAUTOCLAIM;
+// each claim counts an attempt unless the previous owner handed the entry
+// back) and hands those out before it reads anything new, so a key's order
+// holds across a handover.
+//
+// Fencing: a lease is "surely ours" until the local time a renewal was sent
+// plus ShardLease. A shard subscription checks that before each handoff;
+// Redis checks the lease's token in the same Lua script as each read
+// (XREADGROUP, which therefore does not block: the subscription waits for
+// new entries with a plain XREAD), each takeover claim and each XACK. A
+// consumer that was stopped past its lease (SIGSTOP, a GC pause, a network
+// partition) so hands out and acknowledges nothing of the shard when it
+// wakes: its late XACKs are refused, it drops what it held, counts the
+// shard in Stats().ShardsLost and rejoins the group. A handler that was
+// running when it stalled may still finish, so its effect can happen twice:
+// deduplicate by message id (the inbox does, keeping the first).
+//
+// The shard count is recorded in s + ":shards" on a topic's first use (by
+// the Publisher or a Subscriber, with any count, 1 included). Another count
+// is refused with a *ShardCountError naming redis.shards and both counts: a
+// Subscriber's Subscribe fails, a Publisher's Publish fails with a transient
+// error (a relay waits). To change the count, stop the publishers, let every
+// group drain the topic, delete the :shards key and the old streams, and
+// start with the new count. Keys are never moved to other shards silently.
+//
+// On Redis Cluster a shard's keys (stream, lease, epoch) share one slot: the
+// {i} hash tag, or whatever tag the topic's name holds, lies in the prefix
+// they share. A topic's shards spread over the nodes.
 package redis

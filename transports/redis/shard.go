@@ -285,6 +285,10 @@ func ShardStatus(ctx context.Context, client redis.UniversalClient, stream, grou
 			return nil, fmt.Errorf("read the owner of shard %q: %w", shard, err)
 		}
 		_, st.Owner = ownerOf(owner)
+		st.Leases, err = client.Get(ctx, epochKey(shard, group)).Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("read the lease count of shard %q: %w", shard, err)
+		}
 		groups, err := client.XInfoGroups(ctx, shard).Result()
 		if err != nil && !redis.HasErrorPrefix(err, "ERR no such key") {
 			return nil, fmt.Errorf("read the groups of shard %q: %w", shard, err)

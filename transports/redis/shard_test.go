@@ -149,6 +149,21 @@ func TestSharding_KeyOrderHoldsWhileConsumersJoinAndLeave(t *testing.T) {
 		require.Eventually(t, func() bool { return seen.count() == n }, 30*time.Second, 20*time.Millisecond,
 			"handled %d of %d messages", seen.count(), n)
 		assert.Empty(t, seen.outOfOrder(), "keys whose messages were first handled out of publish order")
+		require.Eventually(t, func() bool {
+			st, err := omniredis.ShardStatus(context.Background(), e.client, e.prefix+topic, "g")
+			require.NoError(t, err)
+			require.Len(t, st, testShards)
+			live := map[string]bool{}
+			for _, s := range subs {
+				live[s.Consumer()] = true
+			}
+			for _, s := range st {
+				if !live[s.Owner] || s.Lag != 0 || s.Pending != 0 || s.Leases < 1 {
+					return false
+				}
+			}
+			return true
+		}, 10*time.Second, 50*time.Millisecond, "every shard owned by a live consumer, nothing left")
 		var taken int64
 		for _, s := range subs {
 			require.NoError(t, s.Close())
