@@ -385,7 +385,7 @@ func deleteDemoStreams(ctx context.Context, cfg bus.Config, topic string) error 
 	client := goredis.NewClient(opts)
 	defer client.Close()
 	stream := r.StreamPrefix + topic
-	if err := client.Del(ctx, stream, stream+redis.DefaultDeadLetterSuffix).Err(); err != nil {
+	if err := redis.DeleteTopic(ctx, client, stream); err != nil {
 		return fmt.Errorf("delete the demo's streams %s at %s: %w", stream, r.Addr, err)
 	}
 	return nil

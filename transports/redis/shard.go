@@ -290,7 +290,7 @@ func ShardStatus(ctx context.Context, client redis.UniversalClient, stream, grou
 			return nil, fmt.Errorf("read the lease count of shard %q: %w", shard, err)
 		}
 		groups, err := client.XInfoGroups(ctx, shard).Result()
-		if err != nil && !redis.HasErrorPrefix(err, "ERR no such key") {
+		if err != nil && !noSuchKey(err) {
 			return nil, fmt.Errorf("read the groups of shard %q: %w", shard, err)
 		}
 		for _, g := range groups {
@@ -302,3 +302,41 @@ func ShardStatus(ctx context.Context, client redis.UniversalClient, stream, grou
 	}
 	return out, nil
 }
+
+// DeleteTopic deletes everything the transport keeps for the topic whose
+// stream is stream (StreamPrefix + topic): the stream, its dead-letter
+// stream (the default name), its recorded shard count, and, for a sharded
+// topic, every shard with its consumer groups' leases, lease counters and
+// memberships. It is for tests, demos and an operator changing a topic's
+// shard count after draining it; entries not yet handled are lost.
+func DeleteTopic(ctx context.Context, client redis.UniversalClient, stream string) error {
+	keys := []string{stream, stream + DefaultDeadLetterSuffix, shardsKey(stream)}
+	n, err := client.Get(ctx, shardsKey(stream)).Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read the shard count of stream %q: %w", stream, err)
+	}
+	if n <= 1 {
+		n = 0 // one stream: no shards
+	}
+	for i := range n {
+		shard := shardStream(stream, i)
+		groups, err := client.XInfoGroups(ctx, shard).Result()
+		if err != nil && !noSuchKey(err) {
+			return fmt.Errorf("read the groups of shard %q: %w", shard, err)
+		}
+		for _, g := range groups {
+			keys = append(keys, ownerKey(shard, g.Name), epochKey(shard, g.Name), membersKey(stream, g.Name))
+		}
+		keys = append(keys, shard)
+	}
+	// One key per command: on Redis Cluster they live in different slots.
+	for _, k := range keys {
+		if err := client.Del(ctx, k).Err(); err != nil {
+			return fmt.Errorf("delete %q: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// noSuchKey says err is Redis's reply for a stream that does not exist.
+func noSuchKey(err error) bool { return strings.Contains(err.Error(), "no such key") }

@@ -286,3 +286,26 @@ func TestSharding_ConfigRefusesBadValues(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "ShardLease")
 }
+
+// DeleteTopic removes a sharded topic whole: streams, shards, the recorded
+// count, leases, lease counters and memberships.
+func TestSharding_DeleteTopicLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	const topic = "gone"
+	pub := e.shardedPublisher(testShards)
+	e.publish(withKey(pub), topic, 50)
+	sub := e.subscriber(e.shardedSubscriberConfig("g", time.Second))
+	msgs := e.subscribe(sub, topic)
+	for range 50 {
+		receive(t, msgs, 5*time.Second).Ack()
+	}
+	require.NoError(t, sub.Close())
+	keys, err := e.client.Keys(context.Background(), e.prefix+topic+"*").Result()
+	require.NoError(t, err)
+	require.Greater(t, len(keys), testShards, "the topic left keys to delete: %v", keys)
+
+	require.NoError(t, omniredis.DeleteTopic(context.Background(), e.client, e.prefix+topic))
+	keys, err = e.client.Keys(context.Background(), e.prefix+topic+"*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, keys)
+}

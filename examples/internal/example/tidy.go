@@ -122,14 +122,13 @@ func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 	return nil
 }
 
-// DropStreams deletes streams and their dead-letter streams from Redis.
+// DropStreams deletes streams, their dead-letter streams, shards and shard
+// counts from Redis (redis.DeleteTopic).
 func DropStreams(ctx context.Context, client *goredis.Client, streams ...string) error {
-	var keys []string
 	for _, s := range streams {
-		keys = append(keys, s, s+redis.DefaultDeadLetterSuffix)
-	}
-	if err := client.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("delete the example's streams %s: %w", strings.Join(streams, ", "), err)
+		if err := redis.DeleteTopic(ctx, client, s); err != nil {
+			return fmt.Errorf("delete the example's streams %s: %w", strings.Join(streams, ", "), err)
+		}
 	}
 	return nil
 }
