@@ -168,9 +168,10 @@
 //
 // Fencing: a lease is "surely ours" until the local time a renewal was sent
 // plus ShardLease. A shard subscription checks that before each handoff;
-// Redis checks the lease's token in the same Lua script as each read
-// (XREADGROUP, which therefore does not block: the subscription waits for
-// new entries with a plain XREAD), each takeover claim and each XACK. A
+// Redis checks the lease's token with each read (XREADGROUP in a MULTI
+// under WATCH of the lease, so it does not block: the subscription waits
+// for new entries with a plain XREAD), and in the same Lua script as each
+// takeover claim and each XACK. A
 // consumer that was stopped past its lease (SIGSTOP, a GC pause, a network
 // partition) so hands out and acknowledges nothing of the shard when it
 // wakes: its late XACKs are refused, it drops what it held, counts the

@@ -169,50 +169,72 @@ func (sub *subscription) accept(xm redis.XMessage, count int64) {
 }
 
 // readShard reads up to n new entries of a shard (the caller holds n slots)
-// while its lease is ours. When there is nothing new it waits, with a plain
-// XREAD that changes nothing in the group, for an entry after the last one.
+// while its lease is ours: the read runs in a MULTI under WATCH of the
+// lease key, after checking the lease's value, so a lease taken or ended in
+// between aborts it. When there is nothing new it waits, with a plain XREAD
+// that changes nothing in the group, for an entry after the last one.
 func (sub *subscription) readShard(n int, b *backoff) {
 	if !sub.fence.valid() {
 		sub.release(n)
 		sub.fenced()
 		return
 	}
-	raw, err := fencedReadScript.Run(context.WithoutCancel(sub.ctx), sub.client,
-		[]string{sub.stream, sub.fence.key},
-		sub.cfg.ConsumerGroup, sub.cfg.Consumer, sub.fence.value, n).Slice()
-	if err == nil && len(raw) == 0 {
-		err = errors.New("unexpected empty reply of a shard read")
-	}
-	if err != nil {
+	ctx := context.WithoutCancel(sub.ctx)
+	var read *redis.XStreamSliceCmd
+	var last *redis.XMessageSliceCmd
+	err := sub.client.Watch(ctx, func(tx *redis.Tx) error {
+		v, err := tx.Get(ctx, sub.fence.key).Result()
+		if errors.Is(err, redis.Nil) || (err == nil && v != sub.fence.value) {
+			return errFenced
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			read = p.XReadGroup(ctx, &redis.XReadGroupArgs{
+				Group: sub.cfg.ConsumerGroup, Consumer: sub.cfg.Consumer,
+				Streams: []string{sub.stream, ">"}, Count: int64(n), Block: -1,
+			})
+			last = p.XRevRangeN(ctx, sub.stream, "+", "-", 1)
+			return nil
+		})
+		return err
+	}, sub.fence.key)
+	switch {
+	case errors.Is(err, errFenced):
+		sub.release(n)
+		sub.fenced()
+		return
+	case errors.Is(err, redis.TxFailedErr):
+		sub.release(n) // the lease key changed (a renewal, or lost): look again
+		return
+	case err != nil && !errors.Is(err, redis.Nil):
 		sub.release(n)
 		sub.readFailed("read", err, b)
 		return
 	}
 	b.reset()
-	switch status, _ := raw[0].(int64); status {
-	case -1:
-		sub.release(n)
-		sub.fenced()
-	case 1:
-		entries, _ := raw[1].([]any)
-		msgs, err := parseEntries(entries)
-		if err != nil {
-			sub.release(n)
-			sub.readFailed("read", err, b)
-			return
+	got := 0
+	if streams, err := read.Result(); err == nil {
+		for _, xs := range streams {
+			for _, xm := range xs.Messages {
+				got++
+				sub.accept(xm, 1)
+			}
 		}
-		for _, xm := range msgs {
-			sub.accept(xm, 1)
-		}
-		sub.release(n - len(msgs))
-	default:
-		sub.release(n)
-		last, _ := raw[1].(string)
-		block := min(sub.cfg.BlockTime, sub.cfg.ShardLease/4)
-		err := sub.client.XRead(sub.ctx, &redis.XReadArgs{Streams: []string{sub.stream, last}, Count: 1, Block: block}).Err()
-		if err != nil && !errors.Is(err, redis.Nil) && sub.ctx.Err() == nil {
-			sub.readFailed("wait", err, b)
-		}
+	}
+	sub.release(n - got)
+	if got > 0 {
+		return
+	}
+	after := "0-0"
+	if msgs, err := last.Result(); err == nil && len(msgs) > 0 {
+		after = msgs[0].ID
+	}
+	block := min(sub.cfg.BlockTime, sub.cfg.ShardLease/4)
+	err = sub.client.XRead(sub.ctx, &redis.XReadArgs{Streams: []string{sub.stream, after}, Count: 1, Block: block}).Err()
+	if err != nil && !errors.Is(err, redis.Nil) && sub.ctx.Err() == nil {
+		sub.readFailed("wait", err, b)
 	}
 }
 

@@ -174,20 +174,6 @@ if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
 return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
 `)
 
-// fencedReadScript reads new entries (XREADGROUP >, without blocking) only
-// while the lease is ours. KEYS: stream, owner key; ARGV: group, consumer,
-// "<token> <consumer>", count. It returns {-1} when the lease is not ours,
-// {1, entries} when it read some, {0, last id} when there was nothing new
-// (the id to wait after).
-var fencedReadScript = redis.NewScript(`
-if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {-1} end
-local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
-if r and r[1] and #r[1][2] > 0 then return {1, r[1][2]} end
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last == 0 then return {0, '0-0'} end
-return {0, last[1][1]}
-`)
-
 // errFenced says a shard's lease is no longer this consumer's.
 var errFenced = errors.New("the shard's lease is no longer this consumer's")
 
@@ -195,7 +181,7 @@ var errFenced = errors.New("the shard's lease is no longer this consumer's")
 // until when the lease is surely ours by the local clock (the time a
 // renewal was sent, plus the lease). Everything the subscription hands out
 // or acknowledges is checked against it: locally before a handoff, in Redis
-// with each read, claim and XACK.
+// with each read (under WATCH), claim and XACK (in Lua).
 type fence struct {
 	key   string // owner key
 	value string // "<token> <consumer>"
@@ -227,30 +213,6 @@ func (f *fence) lose() {
 	f.mu.Lock()
 	f.lost = true
 	f.mu.Unlock()
-}
-
-// parseEntries reads stream entries from a Lua reply: {{id, {field, value,
-// …}}, …}.
-func parseEntries(raw []any) ([]redis.XMessage, error) {
-	msgs := make([]redis.XMessage, 0, len(raw))
-	for _, e := range raw {
-		pair, ok := e.([]any)
-		if !ok || len(pair) != 2 {
-			return nil, errors.New("unexpected stream entry in a script reply")
-		}
-		id, _ := pair[0].(string)
-		flat, _ := pair[1].([]any)
-		var values map[string]any
-		if flat != nil || pair[1] != nil {
-			values = make(map[string]any, len(flat)/2)
-			for j := 0; j+1 < len(flat); j += 2 {
-				k, _ := flat[j].(string)
-				values[k] = flat[j+1]
-			}
-		}
-		msgs = append(msgs, redis.XMessage{ID: id, Values: values})
-	}
-	return msgs, nil
 }
 
 // ownerOf splits a lease value into its token and consumer.
