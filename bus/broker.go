@@ -83,6 +83,11 @@ type Transport struct {
 	// with errors.Join when several), Field relative to the section.
 	// Optional.
 	Validate func(section any, selected bool) error
+	// Words are words of the transport's configuration (enumerated values
+	// such as SASL mechanisms) that a secret may equal by accident: errors
+	// and printed configs never mask them (see Config.Redacted). The
+	// transport's Name is one without being listed. Optional.
+	Words []string
 }
 
 var (

@@ -105,12 +105,29 @@ const minScrubLength = 4
 // names, enumerations). A development password is often one of them
 // (postgres://postgres:postgres@…): scrub leaves them alone, or every
 // message and printed config would lose the word, hiding nothing.
+// Each transport adds its name and its Transport.Words (isConfigWord).
 var configWords = map[string]bool{
-	BrokerMemory: true, BrokerPostgres: true, BrokerKafka: true, BrokerRedis: true, "postgresql": true,
+	"postgresql":       true,
 	DefaultOutboxTable: true, DefaultInboxTable: true, DefaultQueueTable: true, DefaultConsumerGroup: true,
 	"public": true, "oldest": true, "newest": true, "none": true, "skip": true,
 	"block": true, "debug": true, "info": true, "warn": true, "error": true, "text": true, "json": true,
-	TracesOTLP: true, "PLAIN": true, "SCRAM-SHA-256": true, "SCRAM-SHA-512": true, "true": true, "false": true,
+	TracesOTLP: true, "true": true, "false": true,
+}
+
+// isConfigWord says s is a word of the configuration: one of configWords,
+// or a registered transport's name or word.
+func isConfigWord(s string) bool {
+	if configWords[s] {
+		return true
+	}
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	for name, t := range registry {
+		if s == name || slices.Contains(t.Words, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // scrub replaces every secret (of at least minScrubLength bytes, and not a
@@ -120,7 +137,7 @@ func scrub(msg string, secrets []string) string {
 	secrets = slices.Clone(secrets)
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	for _, s := range secrets {
-		if len(s) >= minScrubLength && !configWords[s] {
+		if len(s) >= minScrubLength && !isConfigWord(s) {
 			msg = strings.ReplaceAll(msg, s, Redacted)
 		}
 	}

@@ -22,6 +22,7 @@ func init() {
 		NewSection: func() any { return new(Config) },
 		Defaults:   func(s any) { s.(*Config).setDefaults() },
 		Validate:   func(s any, selected bool) error { return s.(*Config).validate(selected) },
+		Words:      []string{SASLPlain, SASLScramSHA256, SASLScramSHA512},
 	})
 	// sarama prints nothing unless told; from here on it prints to slog (its
 	// notices at Info, its chatter at Debug) once a bus.OpenBroker is given a
