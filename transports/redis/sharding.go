@@ -37,13 +37,8 @@ type shardGroup struct {
 }
 
 func (s *Subscriber) subscribeSharded(ctx context.Context, topic, stream string) (<-chan *message.Message, error) {
-	if err := checkShardCount(ctx, s.client, topic, stream, s.cfg.Shards); err != nil {
+	if err := s.prepare(ctx, topic, stream); err != nil {
 		return nil, err
-	}
-	for i := range s.cfg.Shards {
-		if err := s.ensureGroup(ctx, shardStream(stream, i)); err != nil {
-			return nil, err
-		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	g := &shardGroup{

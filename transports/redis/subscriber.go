@@ -136,7 +136,12 @@ func (s *Subscriber) Stats() Stats {
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stream := s.cfg.StreamPrefix + topic
+	return s.prepare(ctx, topic, s.cfg.StreamPrefix+topic)
+}
+
+// prepare checks the shard count of topic (recording it on first use) and
+// creates the consumer group of its stream, or of each of its shards.
+func (s *Subscriber) prepare(ctx context.Context, topic, stream string) error {
 	if err := checkShardCount(ctx, s.client, topic, stream, s.cfg.Shards); err != nil {
 		return err
 	}
@@ -178,11 +183,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.streams[stream] = struct{}{}
 	s.mu.Unlock()
 
-	if err := checkShardCount(ctx, s.client, topic, stream, s.cfg.Shards); err != nil {
-		s.subs.Done()
-		return nil, err
-	}
-	if err := s.ensureGroup(ctx, stream); err != nil {
+	if err := s.prepare(ctx, topic, stream); err != nil {
 		s.subs.Done()
 		return nil, err
 	}
