@@ -35,7 +35,7 @@ func TestOpen_BrokerDownAtStart_OutboxWritesAndTheRelayDeliversOnceItIsBack(t *t
 		{
 			name: "redis",
 			configure: func(t *testing.T, cfg *bus.Config, addr string) {
-				cfg.Broker = bus.BrokerRedis
+				cfg.Broker = redis.Name
 				redis.SetSection(cfg, redis.Config{Addr: addr})
 			},
 			start: func(t *testing.T, port int) { testenv.StartRedisServer(t, port) },
@@ -43,7 +43,7 @@ func TestOpen_BrokerDownAtStart_OutboxWritesAndTheRelayDeliversOnceItIsBack(t *t
 		{
 			name: "kafka",
 			configure: func(t *testing.T, cfg *bus.Config, addr string) {
-				cfg.Broker = bus.BrokerKafka
+				cfg.Broker = kafka.Name
 				kafka.SetSection(cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{addr}}})
 			},
 			start: func(t *testing.T, port int) { testenv.NewKafkaCluster(t, kfake.Ports(port)) },

@@ -96,14 +96,6 @@ var (
 	sections   = map[string]Transport{} // by Key
 )
 
-// builtinPackages tells a user which import links a built-in broker.
-var builtinPackages = map[string]string{
-	BrokerMemory:   "github.com/omnibus-go/omnibus/transports/memory",
-	BrokerPostgres: "github.com/omnibus-go/omnibus/transports/postgres",
-	BrokerKafka:    "github.com/omnibus-go/omnibus/transports/kafka",
-	BrokerRedis:    "github.com/omnibus-go/omnibus/transports/redis",
-}
-
 // Register makes a transport available to OpenBroker as Config.Broker =
 // t.Name, and its section (if any) to LoadConfig. Transports call it from an
 // init function, so importing a transport package — or transports/all for
@@ -187,23 +179,20 @@ func sectionOf(key string) (Transport, bool) {
 	return t, ok
 }
 
-// extraBrokers returns the registered names beyond the built-in ones, which
-// Validate accepts too.
-func extraBrokers() []string {
-	var out []string
+// linkHint says how a broker gets linked into a program, without naming
+// any: a transport registers itself from its package's init function.
+const linkHint = `import its transport package (the built-in ones are github.com/omnibus-go/omnibus/transports/<broker>; import _ "github.com/omnibus-go/omnibus/transports/all" links every one)`
+
+// linkedBrokers returns the names Config.Broker accepts: memory and postgres,
+// which bus configures itself, and every registered transport.
+func linkedBrokers() []string {
+	out := []string{BrokerMemory, BrokerPostgres}
 	for _, n := range RegisteredBrokers() {
-		if _, builtin := builtinPackages[n]; !builtin {
+		if !slices.Contains(out, n) {
 			out = append(out, n)
 		}
 	}
 	return out
-}
-
-// notLinked is the reason for a built-in broker (or its section) that is
-// not linked into the program.
-func notLinked(name string) string {
-	return fmt.Sprintf("%q is not linked into this program: import _ %q (or every built-in broker with import _ \"github.com/omnibus-go/omnibus/transports/all\")",
-		name, builtinPackages[name])
 }
 
 func lookupBroker(name string) (BrokerFactory, error) {
@@ -213,8 +202,5 @@ func lookupBroker(name string) (BrokerFactory, error) {
 	if ok {
 		return t.Open, nil
 	}
-	if _, builtin := builtinPackages[name]; builtin {
-		return nil, &ConfigError{Field: "broker", Reason: notLinked(name)}
-	}
-	return nil, &ConfigError{Field: "broker", Reason: fmt.Sprintf("no broker registered as %q", name)}
+	return nil, &ConfigError{Field: "broker", Reason: fmt.Sprintf("%q is not linked into this program; %s", name, linkHint)}
 }

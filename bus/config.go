@@ -17,14 +17,13 @@ import (
 	"github.com/omnibus-go/omnibus/internal/ident"
 )
 
-// The names of the built-in brokers. Their transports register under these
-// names (see Register); Config.Broker accepts them even when they are not
-// linked, so that OpenBroker can say which import is missing.
+// The names of the two brokers whose configuration is bus's own: memory
+// (the default, which needs nothing) and postgres (whose section, postgres:,
+// is also the outbox's database). Every other transport names itself when it
+// registers (see Register); bus names none of them.
 const (
 	BrokerMemory   = "memory"
 	BrokerPostgres = "postgres"
-	BrokerKafka    = "kafka"
-	BrokerRedis    = "redis"
 )
 
 // Defaults of Config's own keys (the transports' sections have theirs in
@@ -446,9 +445,9 @@ func checkKnownKeys(n *yaml.Node, t reflect.Type, prefix string, seen map[*yaml.
 			key = prefix + "." + k.Value
 		}
 		ft, ok := fields[k.Value]
-		if _, builtin := builtinPackages[k.Value]; !ok && prefix == "" && builtin {
-			*problems = append(*problems, fmt.Sprintf("%s (line %d): the section of the %s broker, which is %s", key, k.Line, k.Value,
-				strings.TrimPrefix(notLinked(k.Value), strconv.Quote(k.Value)+" is ")))
+		if !ok && prefix == "" && v.Kind == yaml.MappingNode {
+			*problems = append(*problems, fmt.Sprintf("%s (line %d): field %s not found in type %s; if it is the section of a broker, that broker is not linked into this program (%s)",
+				key, k.Line, k.Value, typeName, linkHint))
 			continue
 		}
 		if !ok {
@@ -861,8 +860,10 @@ func (c Config) Validate() error {
 		}
 	}
 
-	brokers := append([]string{BrokerMemory, BrokerPostgres, BrokerKafka, BrokerRedis}, extraBrokers()...)
-	ck.OneOf("broker", c.Broker, brokers...)
+	if brokers := linkedBrokers(); !slices.Contains(brokers, c.Broker) {
+		bad("broker", "%s is not one of the brokers linked into this program (%s); to link another, %s",
+			show(c.Broker), strings.Join(brokers, ", "), linkHint)
+	}
 
 	// postgres
 	if err := checkPostgresURL(c.Postgres.URL); err != nil {

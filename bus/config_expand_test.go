@@ -50,7 +50,7 @@ kafka:
 		"OMNIBUS_KAFKA_BROKERS": "k:9092",
 	}))
 	require.NoError(t, err)
-	assert.Equal(t, BrokerKafka, cfg.Broker)
+	assert.Equal(t, "kafka", cfg.Broker)
 	assert.Equal(t, "postgres://app:p%40ss: #word*&!@db:5432/app?sslmode=require", cfg.Postgres.URL, "the value is inserted as text, not as YAML")
 	assert.Equal(t, 25, cfg.Postgres.MaxConns, "a number key gets the number")
 	assert.Equal(t, `quo"te'`, keyValue(cfg, "redis.password"))

@@ -33,7 +33,7 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		field  string
 		reason string
 	}{
-		{"unknown broker", func(c *Config) { c.Broker = "rabbitmq" }, "broker", `"rabbitmq" is not one of memory, postgres, kafka, redis`},
+		{"unknown broker", func(c *Config) { c.Broker = "pigeon" }, "broker", `"pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, redis); to link another, import its transport package`},
 		{"postgres url", func(c *Config) { c.Postgres.URL = "localhost" }, "postgres.url", "neither a postgres:// URL nor a key=value"},
 		{"postgres url unparsable", func(c *Config) { c.Postgres.URL = "postgres://u:pw@h:badport/db%zz" }, "postgres.url", "not a valid URL"},
 		{"postgres url other scheme", func(c *Config) { c.Postgres.URL = "mysql://u:pw@h/db" }, "postgres.url", `scheme "mysql" is not postgres or postgresql`},
@@ -50,7 +50,7 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		{"queue table shared", func(c *Config) { c.Postgres.QueueTable = DefaultOutboxTable }, "postgres.queue_table", "needs a table of its own"},
 		{"queue group empty", func(c *Config) { c.Postgres.QueueGroups = []string{"a", " "} }, "postgres.queue_groups[1]", "must not be empty"},
 		{"queue group twice", func(c *Config) { c.Postgres.QueueGroups = []string{"a", "a"} }, "postgres.queue_groups", `"a" is listed twice`},
-		{"kafka brokers required", func(c *Config) { c.Broker = BrokerKafka }, "kafka.brokers", "required when broker is kafka"},
+		{"kafka brokers required", func(c *Config) { c.Broker = "kafka" }, "kafka.brokers", "required when broker is kafka"},
 		{"kafka broker address", func(c *Config) { *c = with(*c, "kafka.brokers", "localhost") }, "kafka.brokers[0]", "not host:port"},
 		{"kafka broker port", func(c *Config) { *c = with(*c, "kafka.brokers", "localhost:99999") }, "kafka.brokers[0]", "port"},
 		{"kafka version", func(c *Config) { *c = with(*c, "kafka.version", "3") }, "kafka.version", "not major.minor.patch"},
@@ -125,8 +125,8 @@ func TestConfig_ValidateReportsEveryBadKey(t *testing.T) {
 func TestConfig_ValidAlternatives(t *testing.T) {
 	t.Parallel()
 	for _, c := range []Config{
-		with(Config{Broker: BrokerKafka}, "kafka.brokers", "k1:9092,[::1]:9093", "kafka.sasl.mechanism", "SCRAM-SHA-512", "kafka.sasl.user", "u", "kafka.sasl.password", "p"),
-		with(Config{Broker: BrokerRedis}, "redis.addr", "redis:6380", "redis.ordering", "none"),
+		with(Config{Broker: "kafka"}, "kafka.brokers", "k1:9092,[::1]:9093", "kafka.sasl.mechanism", "SCRAM-SHA-512", "kafka.sasl.user", "u", "kafka.sasl.password", "p"),
+		with(Config{Broker: "redis"}, "redis.addr", "redis:6380", "redis.ordering", "none"),
 		{Broker: BrokerPostgres, Postgres: PostgresConfig{URL: "host=db user=app password=secret dbname=app", QueueGroups: []string{"a", "b"}}},
 		{Postgres: PostgresConfig{URL: "host = db password = 'it\\'s a secret' application_name=svc://worker"}},
 		{Postgres: PostgresConfig{URL: "postgres://u:pw@[::1]:5432,[::2]:5433,h3/db?sslmode=require&target_session_attrs=read-write"}},
@@ -180,7 +180,7 @@ inbox:
 		"OMNIBUS_OBSERVABILITY_LOG_": "ignored too",
 	}))
 	require.NoError(t, err)
-	assert.Equal(t, BrokerKafka, cfg.Broker)
+	assert.Equal(t, "kafka", cfg.Broker)
 	assert.Equal(t, []string{"env1:9092", "env2:9092"}, keyValue(cfg, "kafka.brokers"))
 	assert.Equal(t, "file-redis:6379", keyValue(cfg, "redis.addr"), "keys the environment does not set keep the file's value")
 	assert.Equal(t, "from-env", keyValue(cfg, "redis.password"))
@@ -209,6 +209,7 @@ func TestLoadConfig_Errors(t *testing.T) {
 	}{
 		{"unknown key", "brokr: kafka\n", nil, "field brokr not found"},
 		{"unknown nested key", "kafka:\n  broker: [a:1]\n", nil, "field broker not found"},
+		{"section of a broker not linked", "pigeon:\n  loft: roof\n", nil, "pigeon (line 1): field pigeon not found in type bus.Config; if it is the section of a broker, that broker is not linked into this program (import its transport package"},
 		{"wrong type", "relay:\n  batch_size: lots\n", nil, "relay.batch_size (line 2): cannot unmarshal"},
 		{"duration without unit", "relay:\n  lease: 30\n", nil, "relay.lease (line 2): cannot unmarshal !!int `30` into time.Duration"},
 		{"bad env duration", "", map[string]string{"OMNIBUS_RELAY_LEASE": "30"}, "relay.lease: OMNIBUS_RELAY_LEASE=\"30\": not a duration"},

@@ -75,14 +75,14 @@ func TestOpen_ClientLibraryLinesAreSlogRecords(t *testing.T) {
 	defer cancel()
 
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	redisCfg := bus.Config{Broker: bus.BrokerRedis}
+	redisCfg := bus.Config{Broker: redis.Name}
 	redis.SetSection(&redisCfg, redis.Config{Addr: redisAddr})
 	rb, err := bus.OpenBroker(ctx, redisCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, rb.Close()) }()
 
 	kafkaAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	kafkaCfg := bus.Config{Broker: bus.BrokerKafka}
+	kafkaCfg := bus.Config{Broker: kafka.Name}
 	kafka.SetSection(&kafkaCfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{kafkaAddr}}})
 	kb, err := bus.OpenBroker(ctx, kafkaCfg, bus.WithLogger(libraryLog.logger))
 	require.NoError(t, err)

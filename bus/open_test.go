@@ -30,9 +30,9 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 		cfg.Postgres.QueueTable = testenv.Name(t)
 		testenv.DropPostgresPrefix(t, cfg.Postgres.QueueTable)
 		cfg.Postgres.QueueGroups = []string{"smoke", "other"}
-	case bus.BrokerKafka:
+	case kafka.Name:
 		kafka.SetSection(&cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: testenv.Kafka(t)}})
-	case bus.BrokerRedis:
+	case redis.Name:
 		testenv.Redis(t)
 		redis.SetSection(&cfg, redis.Config{Addr: testenv.RedisAddr(), StreamPrefix: testenv.RedisPrefix(t)})
 	}
@@ -43,7 +43,7 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 // broker: only Config.Broker (and the broker's section) changes.
 func TestOpen_EveryBrokerPassesTheSmokeTest(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, bus.BrokerKafka, bus.BrokerRedis} {
+	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, kafka.Name, redis.Name} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			smoke(t, brokerConfig(t, broker))
@@ -106,11 +106,11 @@ func smoke(t *testing.T, cfg bus.Config) {
 
 func TestOpen_RefusesInvalidConfigAndUnknownBrokers(t *testing.T) {
 	t.Parallel()
-	_, err := bus.OpenBroker(context.Background(), bus.Config{Broker: "nats"})
+	_, err := bus.OpenBroker(context.Background(), bus.Config{Broker: "pigeon"})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
-	assert.Contains(t, err.Error(), `broker: "nats" is not one of memory, postgres, kafka, redis`)
+	assert.Contains(t, err.Error(), `broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, redis); to link another, import its transport package`)
 
-	_, err = bus.OpenBroker(context.Background(), bus.Config{Broker: bus.BrokerKafka})
+	_, err = bus.OpenBroker(context.Background(), bus.Config{Broker: kafka.Name})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "kafka.brokers")
 

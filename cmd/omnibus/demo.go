@@ -137,8 +137,8 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 	}
 	topic := "omnibus_demo_orders_" + randomHex(4)
 	kcfg := kafka.Section(cfg)
-	externalKafka := cfg.Broker == bus.BrokerKafka && len(kcfg.Brokers) > 0
-	if cfg.Broker == bus.BrokerKafka && len(kcfg.Brokers) == 0 {
+	externalKafka := cfg.Broker == kafka.Name && len(kcfg.Brokers) > 0
+	if cfg.Broker == kafka.Name && len(kcfg.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
 			kfake.GroupMinSessionTimeout(time.Second))
 		if err != nil {
@@ -188,7 +188,7 @@ func (a *app) demo(ctx context.Context, cfg bus.Config, o demoOptions) error {
 		if err != nil {
 			fmt.Fprintf(a.stderr, "omnibus demo: %v\n", err)
 		}
-		if cfg.Broker == bus.BrokerRedis {
+		if cfg.Broker == redis.Name {
 			if err := deleteDemoStreams(cctx, cfg, topic); err != nil {
 				fmt.Fprintf(a.stderr, "omnibus demo: %v\n", err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/kafka"
 )
 
 // Defaults of `omnibus dev kafka`.
@@ -105,7 +106,7 @@ func (a *app) devKafka(ctx context.Context, o devKafkaOptions) error {
 	brokers := strings.Join(cluster.ListenAddrs(), ",")
 	fmt.Fprintf(a.stdout, "in-process Kafka (kfake) listening on %s\n", brokers)
 	fmt.Fprintf(a.stdout, "point omnibus at it with:\n  %s=%s %s=%s\n",
-		bus.EnvName("broker"), bus.BrokerKafka, bus.EnvName("kafka.brokers"), brokers)
+		bus.EnvName("broker"), kafka.Name, bus.EnvName("kafka.brokers"), brokers)
 	if len(o.seedTopics) > 0 {
 		fmt.Fprintf(a.stdout, "topics created: %s (%d partitions each)\n", strings.Join(o.seedTopics, ", "), o.partitions)
 	}

@@ -102,7 +102,7 @@ func TestDevKafka_ServesOnThePortAndOmnibusRoundTripsThroughIt(t *testing.T) {
 	}
 	var cfg bus.Config
 	require.NoError(t, cfg.ApplyEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok }))
-	require.Equal(t, bus.BrokerKafka, cfg.Broker)
+	require.Equal(t, kafka.Name, cfg.Broker)
 	require.Equal(t, []string{addr}, kafka.Section(cfg).Brokers)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

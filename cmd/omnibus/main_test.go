@@ -174,7 +174,7 @@ func TestConfigCheck_UnknownEnvironmentVariableExits2(t *testing.T) {
 
 func TestBadUsageAndBadConfigExit2(t *testing.T) {
 	t.Parallel()
-	bad := writeConfig(t, "broker: rabbitmq\n")
+	bad := writeConfig(t, "broker: pigeon\n")
 	unknownKey := writeConfig(t, "outbox:\n  tabel: x\n")
 	for _, tc := range []struct {
 		name string
@@ -195,7 +195,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 		{"extra argument", []string{"migrate", "now"}, `unknown command "now" for "omnibus migrate"`},
 		{"demo orders", []string{"demo", "--orders", "0"}, "--orders must be at least 1"},
 		{"missing config file", []string{"--config", "/nonexistent/omnibus.yaml", "config", "check"}, "invalid config: read config file"},
-		{"invalid config", []string{"--config", bad, "config", "check"}, `invalid config: broker: "rabbitmq" is not one of memory, postgres, kafka, redis`},
+		{"invalid config", []string{"--config", bad, "config", "check"}, `invalid config: broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, redis); to link another, import its transport package`},
 		{"unknown config key", []string{"--config", unknownKey, "migrate", "--print"}, "outbox.tabel (line 2): field tabel not found"},
 		{"bad log format", []string{"--log-format", "xml", "config", "check"}, `observability.log_format: "xml" is not one of text, json`},
 		{"bad log level", []string{"--log-level", "loud", "relay"}, `observability.log_level: "loud" is not one of debug, info, warn, error`},
@@ -532,12 +532,12 @@ func tablesWithPrefix(t *testing.T, prefix string) int {
 
 func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, bus.BrokerKafka, bus.BrokerRedis} {
+	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, kafka.Name, redis.Name} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			extra := ""
 			var streamPrefix string
-			if broker == bus.BrokerRedis {
+			if broker == redis.Name {
 				streamPrefix = testenv.RedisPrefix(t)
 				extra = fmt.Sprintf("redis:\n  addr: %s\n  stream_prefix: %q\n", testenv.RedisAddr(), streamPrefix)
 			}
@@ -560,7 +560,7 @@ func TestDemo_EveryBrokerDeliversInOrderExactlyOnce(t *testing.T) {
 			// It leaves nothing behind: tables, trigger functions, migration
 			// records, streams.
 			assert.Zero(t, tablesWithPrefix(t, prefix), "the demo dropped what it created in PostgreSQL (stderr: %s)", r.stderr)
-			if broker == bus.BrokerRedis {
+			if broker == redis.Name {
 				m := demoTopicRE.FindStringSubmatch(r.stdout)
 				require.NotNil(t, m, "the demo names its topic")
 				stream := streamPrefix + m[1]

@@ -185,9 +185,9 @@ func (f *fetchHealth) check(context.Context) error {
 func brokerCheck(cfg bus.Config) func(context.Context) error {
 	var addrs []string
 	switch cfg.Broker {
-	case bus.BrokerRedis:
+	case redis.Name:
 		addrs = []string{redis.Section(cfg).Addr}
-	case bus.BrokerKafka:
+	case kafka.Name:
 		addrs = kafka.Section(cfg).Brokers
 	default:
 		return nil

@@ -335,13 +335,13 @@ func TestSchemaCheck_SaysMissingThenBehindThenPasses(t *testing.T) {
 }
 
 func redisConfig(addr string) bus.Config {
-	cfg := bus.Config{Broker: bus.BrokerRedis}
+	cfg := bus.Config{Broker: redis.Name}
 	redis.SetSection(&cfg, redis.Config{Addr: addr})
 	return cfg
 }
 
 func kafkaConfig(brokers ...string) bus.Config {
-	cfg := bus.Config{Broker: bus.BrokerKafka}
+	cfg := bus.Config{Broker: kafka.Name}
 	kafka.SetSection(&cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: brokers}})
 	return cfg
 }

@@ -15,7 +15,7 @@ import (
 
 func init() {
 	bus.Register(bus.Transport{
-		Name:       bus.BrokerKafka,
+		Name:       Name,
 		Open:       openBroker,
 		Key:        SectionKey,
 		EnvPrefix:  "OMNIBUS_KAFKA_",
@@ -32,9 +32,12 @@ func init() {
 	sarama.DebugLogger = bus.NewLibraryLogger("sarama", slog.LevelDebug, nil)
 }
 
+// Name is the broker's name: Config.Broker = "kafka" selects this transport.
+const Name = "kafka"
+
 // SectionKey is the YAML key of the kafka section of a bus.Config; its
 // environment variables start with OMNIBUS_KAFKA_.
-const SectionKey = "kafka"
+const SectionKey = Name
 
 // Config is the kafka section of the omnibus configuration (kafka: in the
 // YAML file, OMNIBUS_KAFKA_* variables; docs/configuration.md lists the

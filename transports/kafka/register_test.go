@@ -45,7 +45,7 @@ func TestSubscriberConfigFrom_DefaultsAreTheSubscribers(t *testing.T) {
 func TestRegister_SASLMechanismsAreConfigWords(t *testing.T) {
 	t.Parallel()
 	var cfg bus.Config
-	cfg.Broker = bus.BrokerKafka
+	cfg.Broker = kafka.Name
 	kafka.SetSection(&cfg, kafka.Config{
 		ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{"b1:9092"},
 			SASL: kafka.SASLConfig{Mechanism: kafka.SASLScramSHA512, User: "app", Password: kafka.SASLScramSHA512}},

@@ -18,7 +18,7 @@ import (
 
 func init() {
 	bus.Register(bus.Transport{
-		Name:       bus.BrokerRedis,
+		Name:       Name,
 		Open:       openBroker,
 		Key:        SectionKey,
 		EnvPrefix:  "OMNIBUS_REDIS_",
@@ -33,9 +33,12 @@ func init() {
 	bus.NewLibraryLogger("go-redis", slog.LevelInfo, func(l *bus.LibraryLogger) { goredis.SetLogger(l.Context()) })
 }
 
+// Name is the broker's name: Config.Broker = "redis" selects this transport.
+const Name = "redis"
+
 // SectionKey is the YAML key of the redis section of a bus.Config; its
 // environment variables start with OMNIBUS_REDIS_.
-const SectionKey = "redis"
+const SectionKey = Name
 
 // Defaults of Config.
 const (

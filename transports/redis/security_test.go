@@ -162,7 +162,7 @@ func TestTLSAndACL_BrokerMapsTheRedisSection(t *testing.T) {
 	t.Parallel()
 	srv := startTLSRedis(t)
 	ctx := context.Background()
-	cfg := bus.Config{Broker: bus.BrokerRedis}
+	cfg := bus.Config{Broker: omniredis.Name}
 	rc := omniredis.Config{Addr: srv.addr, Username: aclUser, Password: aclPassword, TLSCAFile: srv.caFile, TLSServerName: tlsServerName}
 	omniredis.SetSection(&cfg, rc)
 

@@ -153,7 +153,7 @@ func Config(edit func(*bus.Config)) (bus.Config, error) {
 	if edit != nil {
 		edit(&cfg)
 	}
-	if k := kafka.Section(cfg); cfg.Broker == bus.BrokerKafka && len(k.Brokers) == 0 {
+	if k := kafka.Section(cfg); cfg.Broker == kafka.Name && len(k.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 		if err != nil {
 			return cfg, fmt.Errorf("start in-process Kafka: %w", err)

@@ -97,7 +97,7 @@ func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 	cfg = cfg.WithDefaults()
 	switch cfg.Broker {
-	case bus.BrokerRedis:
+	case redis.Name:
 		r := redis.Section(cfg)
 		opts := &goredis.Options{Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB}
 		if r.TLS {
