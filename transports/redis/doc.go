@@ -137,8 +137,10 @@
 // stream per topic (Shards 1, the default) that holds only within one
 // subscription: with several consumers in the group, Redis gives entries of
 // one key to different consumers, and an entry reclaimed from a dead
-// consumer arrives after later entries of its key. Shard the topic to keep
-// the order with any number of consumers.
+// consumer arrives after later entries of its key. Such a subscription
+// logs a warning naming the other consumers once they are delivered entries
+// of its stream (it lists the group every 30 s). Shard the topic to keep the
+// order with any number of consumers.
 //
 // # Key-sharded streams
 //

@@ -50,6 +50,10 @@ type Subscriber struct {
 	closeEr error
 
 	stats stats
+
+	// crowdEvery is how often a subscription that orders by key lists the
+	// consumers of its group (crowd.go); tests shorten it.
+	crowdEvery time.Duration
 }
 
 // Stats counts what a Subscriber has done since it was created.
@@ -108,6 +112,7 @@ func NewSubscriber(cfg SubscriberConfig, logger *slog.Logger) (*Subscriber, erro
 		closeCtx:    ctx,
 		closeCancel: cancel,
 		streams:     make(map[string]struct{}),
+		crowdEvery:  defaultCrowdEvery,
 	}, nil
 }
 

@@ -120,6 +120,10 @@ func (sub *subscription) run() {
 	sub.loops.Add(2)
 	go sub.readLoop()
 	go sub.touchLoop()
+	if sub.fence == nil && sub.cfg.OrderByKey {
+		sub.loops.Add(1)
+		go sub.crowdLoop()
+	}
 
 	sub.loops.Wait()
 	sub.msgs.Wait()
