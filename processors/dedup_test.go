@@ -38,7 +38,7 @@ func dedupHandler(t *testing.T, fail func(call int) error) (message.HandlerFunc,
 		if !ok {
 			return nil, errors.New("no transaction in the handler's context")
 		}
-		if err := fx.write(msg.Context(), tx, bus.EventID(msg), "paid"); err != nil {
+		if err := fx.write(msg.Context(), pgxEffectsDB{tx}, bus.EventID(msg), "paid"); err != nil {
 			return nil, err
 		}
 		if fail != nil {

@@ -2,6 +2,7 @@ package processors
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,6 +100,13 @@ type DispatcherConfig struct {
 	// not at all (exactly-once effects). Each handler then holds a pool
 	// connection while it runs.
 	Transactional bool
+	// SQLDB, with Transactional, begins each handler's transaction on this
+	// database/sql pool instead of the pgx pool, for handlers whose data layer
+	// is database/sql, sqlx, GORM, bun or ent: they get the *sql.Tx with
+	// postgres.SQLTxFromContext(ctx), and the message's inbox row is
+	// completed in it. It must reach the database of the inbox (pgx's stdlib
+	// driver or lib/pq). Setting it without Transactional is an error.
+	SQLDB *sql.DB
 	// Retry configures the retry decisions. The attempt budget of each row
 	// is the row's own max_attempts.
 	Retry middleware.RetryConfig
@@ -164,6 +172,8 @@ func NewDispatcher(pool *pgxpool.Pool, cfg DispatcherConfig, logger *slog.Logger
 		return nil, fmt.Errorf("invalid config: UnknownType: unknown policy %d", cfg.UnknownType)
 	case cfg.UnknownType == UnknownFallback && cfg.Fallback == nil:
 		return nil, errors.New("invalid config: Fallback: required with UnknownFallback")
+	case cfg.SQLDB != nil && !cfg.Transactional:
+		return nil, errors.New("invalid config: SQLDB: set, but Transactional is false (SQLDB is where the handlers' transactions begin)")
 	case cfg.UnknownType != UnknownFallback && cfg.Fallback != nil:
 		return nil, fmt.Errorf("invalid config: Fallback: set, but UnknownType is %s (want UnknownFallback)", cfg.UnknownType)
 	}
@@ -283,6 +293,9 @@ func (d *Dispatcher) HandleMessage(msg *message.Message) error {
 	if !d.cfg.Transactional {
 		return run(msg.Context())
 	}
+	if d.cfg.SQLDB != nil {
+		return d.handleInSQLTx(msg, run)
+	}
 	ctx := msg.Context()
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
@@ -302,6 +315,26 @@ func (d *Dispatcher) HandleMessage(msg *message.Message) error {
 	if err := tx.Commit(ctx); err != nil {
 		// If the commit did happen after all, the row is completed and the
 		// settlement of this failure finds no lease of ours to touch.
+		return bus.Transient(fmt.Errorf("dispatch %s: commit: %w", msg.UUID, err))
+	}
+	return nil
+}
+
+// handleInSQLTx is HandleMessage's transaction on SQLDB.
+func (d *Dispatcher) handleInSQLTx(msg *message.Message, run func(context.Context) error) error {
+	ctx := msg.Context()
+	tx, err := d.cfg.SQLDB.BeginTx(ctx, nil)
+	if err != nil {
+		return bus.Transient(fmt.Errorf("dispatch %s: begin: %w", msg.UUID, err))
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	if err := run(postgres.WithSQLTx(ctx, tx)); err != nil {
+		return err
+	}
+	if err := d.sub.CompleteInSQLTx(ctx, tx, msg); err != nil {
+		return bus.Transient(fmt.Errorf("dispatch %s: %w", msg.UUID, err))
+	}
+	if err := tx.Commit(); err != nil {
 		return bus.Transient(fmt.Errorf("dispatch %s: commit: %w", msg.UUID, err))
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -216,47 +217,66 @@ func TestDispatcher_ExactlyOnceEffectsInTheTransaction(t *testing.T) {
 			},
 		},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			pool, in := newInboxTable(t)
-			fx := newEffects(t, pool)
-			msg := orderMsg("order-1", "order.paid", "paid")
-			next := orderMsg("order-1", "order.shipped", "shipped")
-			storeEvents(t, pool, in, "g", msg, next)
-			var calls atomic.Int64
-			startDispatcher(t, pool, processors.DispatcherConfig{
-				Subscriber:    postgres.SubscriberConfig{Table: in.Table(), ConsumerGroup: "g"},
-				Retry:         fastRetry,
-				Timeout:       500 * time.Millisecond,
-				Transactional: true,
-			}, func(d *processors.Dispatcher) {
-				processors.Handle(d, "order.paid", func(ctx context.Context, ev orderEvent, m *message.Message) error {
-					tx, ok := postgres.TxFromContext(ctx)
-					if !ok {
-						return bus.Permanent(errors.New("no transaction"))
-					}
-					if err := fx.write(ctx, tx, m.UUID, ev.Step); err != nil {
-						return err
-					}
-					if calls.Add(1) == 1 {
-						return tc.first(ctx, t, effectsTx{pid: tx.Conn().PgConn().PID()})
-					}
-					return nil
+		for _, stack := range []string{"pgx", "database/sql"} {
+			t.Run(tc.name+"/"+stack, func(t *testing.T) {
+				t.Parallel()
+				pool, in := newInboxTable(t)
+				fx := newEffects(t, pool)
+				msg := orderMsg("order-1", "order.paid", "paid")
+				next := orderMsg("order-1", "order.shipped", "shipped")
+				storeEvents(t, pool, in, "g", msg, next)
+				cfg := processors.DispatcherConfig{
+					Subscriber:    postgres.SubscriberConfig{Table: in.Table(), ConsumerGroup: "g"},
+					Retry:         fastRetry,
+					Timeout:       500 * time.Millisecond,
+					Transactional: true,
+				}
+				if stack == "database/sql" {
+					cfg.SQLDB = stdlib.OpenDBFromPool(pool)
+					t.Cleanup(func() { _ = cfg.SQLDB.Close() })
+				}
+				var calls atomic.Int64
+				startDispatcher(t, pool, cfg, func(d *processors.Dispatcher) {
+					processors.Handle(d, "order.paid", func(ctx context.Context, ev orderEvent, m *message.Message) error {
+						tx, ok := handlerTx(ctx, stack)
+						if !ok {
+							return bus.Permanent(errors.New("no transaction"))
+						}
+						if err := fx.write(ctx, tx, m.UUID, ev.Step); err != nil {
+							return err
+						}
+						if calls.Add(1) == 1 {
+							return tc.first(ctx, t, effectsTx{pid: tx.pid(ctx, t)})
+						}
+						return nil
+					})
+					processors.Handle(d, "order.shipped", func(ctx context.Context, ev orderEvent, m *message.Message) error {
+						tx, _ := handlerTx(ctx, stack)
+						return fx.write(ctx, tx, m.UUID, ev.Step)
+					})
 				})
-				processors.Handle(d, "order.shipped", func(ctx context.Context, ev orderEvent, m *message.Message) error {
-					tx, _ := postgres.TxFromContext(ctx)
-					return fx.write(ctx, tx, m.UUID, ev.Step)
-				})
+				testenv.Eventually(t, 20*time.Second, func() bool {
+					return countRows(t, pool, in, "status = 'completed'") == 2
+				}, "both events handled")
+				assert.Equal(t, int64(2), calls.Load(), "handled again after the failed first call")
+				assert.Equal(t, 2, fx.count(t), "exactly one effect per event: the first call's write was rolled back")
+				r, _ := rowOf(t, pool, in, "g", msg.UUID)
+				require.NotNil(t, r.lastError, "the first call's failure was recorded on the row")
 			})
-			testenv.Eventually(t, 20*time.Second, func() bool {
-				return countRows(t, pool, in, "status = 'completed'") == 2
-			}, "both events handled")
-			assert.Equal(t, int64(2), calls.Load(), "handled again after the failed first call")
-			assert.Equal(t, 2, fx.count(t), "exactly one effect per event: the first call's write was rolled back")
-			r, _ := rowOf(t, pool, in, "g", msg.UUID)
-			require.NotNil(t, r.lastError, "the first call's failure was recorded on the row")
-		})
+		}
 	}
+}
+
+// handlerTx is the transaction a transactional handler gets on stack:
+// postgres.TxFromContext for pgx, postgres.SQLTxFromContext for
+// database/sql.
+func handlerTx(ctx context.Context, stack string) (effectsDB, bool) {
+	if stack == "pgx" {
+		tx, ok := postgres.TxFromContext(ctx)
+		return pgxEffectsDB{tx}, ok
+	}
+	tx, ok := postgres.SQLTxFromContext(ctx)
+	return sqlEffectsDB{tx}, ok
 }
 
 // effectsTx tells a test hook about the handler's transaction.
@@ -280,7 +300,7 @@ func TestDispatcher_CountedFailureInTheTransactionWaitsForBackoff(t *testing.T) 
 	}, func(d *processors.Dispatcher) {
 		processors.Handle(d, "order.paid", func(ctx context.Context, ev orderEvent, m *message.Message) error {
 			tx, _ := postgres.TxFromContext(ctx)
-			if err := fx.write(ctx, tx, m.UUID, ev.Step); err != nil {
+			if err := fx.write(ctx, pgxEffectsDB{tx}, m.UUID, ev.Step); err != nil {
 				return err
 			}
 			if calls.Add(1) == 1 {
@@ -356,6 +376,7 @@ func TestDispatcher_RegistrationAndConfigErrors(t *testing.T) {
 		{"fallback with another policy", processors.DispatcherConfig{Subscriber: sub, Fallback: fallback}, "Fallback"},
 		{"unknown policy", processors.DispatcherConfig{Subscriber: sub, UnknownType: 7}, "UnknownType"},
 		{"negative timeout", processors.DispatcherConfig{Subscriber: sub, Timeout: -time.Second}, "Timeout"},
+		{"database/sql without transactions", processors.DispatcherConfig{Subscriber: sub, SQLDB: stdlib.OpenDBFromPool(pool)}, "SQLDB: set, but Transactional is false"},
 	} {
 		_, err := processors.NewDispatcher(pool, tc.cfg, nil)
 		require.Error(t, err, tc.name)

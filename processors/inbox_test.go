@@ -2,6 +2,7 @@ package processors_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -60,9 +61,42 @@ func newEffects(t *testing.T, pool *pgxpool.Pool) effects {
 	return effects{pool: pool, name: name}
 }
 
-func (e effects) write(ctx context.Context, db postgres.DB, eventID, note string) error {
-	_, err := db.Exec(ctx, `INSERT INTO `+pgx.Identifier{e.name}.Sanitize()+` VALUES ($1, $2)`, eventID, note)
+func (e effects) write(ctx context.Context, db effectsDB, eventID, note string) error {
+	return db.exec(ctx, `INSERT INTO `+pgx.Identifier{e.name}.Sanitize()+` VALUES ($1, $2)`, eventID, note)
+}
+
+// effectsDB is a handler's transaction of either stack.
+type effectsDB interface {
+	exec(ctx context.Context, sql string, args ...any) error
+	pid(ctx context.Context, t *testing.T) uint32
+}
+
+// pgxEffectsDB is a postgres.DB: a pgx.Tx, pool or connection.
+type pgxEffectsDB struct{ db postgres.DB }
+
+func (d pgxEffectsDB) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := d.db.Exec(ctx, sql, args...)
 	return err
+}
+
+func (d pgxEffectsDB) pid(ctx context.Context, t *testing.T) uint32 {
+	var pid uint32
+	require.NoError(t, d.db.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	return pid
+}
+
+// sqlEffectsDB is a database/sql transaction.
+type sqlEffectsDB struct{ tx *sql.Tx }
+
+func (d sqlEffectsDB) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := d.tx.ExecContext(ctx, sql, args...)
+	return err
+}
+
+func (d sqlEffectsDB) pid(ctx context.Context, t *testing.T) uint32 {
+	var pid uint32
+	require.NoError(t, d.tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	return pid
 }
 
 func (e effects) count(t *testing.T) int {
@@ -414,7 +448,7 @@ func TestInboxIngest_InlineHandlerErrorStoresNothingAndTheBrokerRedelivers(t *te
 			calls = append(calls, s)
 			n := len(calls)
 			mu.Unlock()
-			if err := fx.write(m.Context(), tx, bus.EventID(m), fmt.Sprintf("call %d", n)); err != nil {
+			if err := fx.write(m.Context(), pgxEffectsDB{tx}, bus.EventID(m), fmt.Sprintf("call %d", n)); err != nil {
 				return err
 			}
 			if n == 1 {
@@ -466,7 +500,7 @@ func TestInboxIngest_InlineWithTheDispatchersTypedHandlers(t *testing.T) {
 		if !ok {
 			return errors.New("no transaction")
 		}
-		return fx.write(ctx, tx, bus.EventID(m), ev.OrderID)
+		return fx.write(ctx, pgxEffectsDB{tx}, bus.EventID(m), ev.OrderID)
 	})
 	startIngest(t, pool, processors.InboxIngestConfig{
 		Subscriber: sub, Topic: "orders", ConsumerGroup: "billing",

@@ -321,7 +321,7 @@ func TestSoak_InboxReceivesAndDispatchesExactlyOnceThroughCrashes(t *testing.T) 
 			if !ok {
 				return errors.New("no transaction")
 			}
-			return fx.write(ctx, tx, bus.EventID(m), fmt.Sprintf("%s/%d", ev.Key, ev.Seq))
+			return fx.write(ctx, pgxEffectsDB{tx}, bus.EventID(m), fmt.Sprintf("%s/%d", ev.Key, ev.Seq))
 		})
 		rctx, cancel := context.WithCancel(context.Background())
 		p := &soakProc{name: name, pool: pool, cancel: cancel, done: make(chan error, 1)}

@@ -153,42 +153,68 @@ func (e *InvalidMessageError) Unwrap() error { return e.Err }
 // transaction stays usable and nothing is stored altered.
 // If any message is invalid, nothing is written and the error names it.
 func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*message.Message) error {
+	rows, err := o.rows(ctx, topic, msgs)
+	if err != nil || rows == nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, o.q.insertOutbox, topic, rows.ids, rows.keys, rows.types, rows.payloads, rows.metas, rows.attempts, rows.schedules); err != nil {
+		return fmt.Errorf("enqueue %d events to %q: %w", len(rows.ids), o.cfg.Table, err)
+	}
+	return nil
+}
+
+// outboxRows are the columns of the events of one Enqueue call, checked.
+type outboxRows struct {
+	ids       []uuid.UUID
+	keys      []*string
+	types     []*string
+	payloads  [][]byte
+	metas     [][]byte
+	attempts  []int32
+	schedules []*time.Time
+}
+
+// rows checks msgs and turns them into the columns of their rows; nil (and
+// no error) when there are none. It runs no SQL, so an invalid message
+// leaves the caller's transaction usable.
+func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message) (*outboxRows, error) {
 	if len(msgs) == 0 {
 		if err := bus.ValidateTopic(topic); err != nil {
-			return fmt.Errorf("enqueue to %q: %w", o.cfg.Table, err)
+			return nil, fmt.Errorf("enqueue to %q: %w", o.cfg.Table, err)
 		}
-		return nil
+		return nil, nil
 	}
 	topicErr := bus.ValidateTopic(topic)
 	n := len(msgs)
-	var (
-		ids       = make([]uuid.UUID, n)
-		keys      = make([]*string, n)
-		types     = make([]*string, n)
-		payloads  = make([][]byte, n)
-		metas     = make([][]byte, n)
-		attempts  = make([]int32, n)
-		schedules = make([]*time.Time, n)
-	)
+	r := &outboxRows{
+		ids:       make([]uuid.UUID, n),
+		keys:      make([]*string, n),
+		types:     make([]*string, n),
+		payloads:  make([][]byte, n),
+		metas:     make([][]byte, n),
+		attempts:  make([]int32, n),
+		schedules: make([]*time.Time, n),
+	}
+	ids, keys, types, payloads, metas, attempts, schedules := r.ids, r.keys, r.types, r.payloads, r.metas, r.attempts, r.schedules
 	now := time.Now()
 	for i, msg := range msgs {
 		if msg == nil {
-			return fmt.Errorf("enqueue: message %d is nil", i)
+			return nil, fmt.Errorf("enqueue: message %d is nil", i)
 		}
 		bad := func(field, why string) error {
 			return fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: field, Why: why})
 		}
 		id, err := uuid.Parse(msg.UUID)
 		if err != nil {
-			return bad("UUID", "not a UUID (the outbox keys events by UUID)")
+			return nil, bad("UUID", "not a UUID (the outbox keys events by UUID)")
 		}
 		ids[i] = id
 		var terr *bus.TopicError
 		if errors.As(topicErr, &terr) {
-			return fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: "topic", Why: terr.Error(), Err: terr})
+			return nil, fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: "topic", Why: terr.Error(), Err: terr})
 		}
 		if len(msg.Payload) > o.cfg.MaxPayloadBytes {
-			return bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), o.cfg.MaxPayloadBytes))
+			return nil, bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), o.cfg.MaxPayloadBytes))
 		}
 		payloads[i] = msg.Payload
 		if payloads[i] == nil {
@@ -201,29 +227,29 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 			case MetaDeliverAt:
 				t, err := time.Parse(time.RFC3339Nano, v)
 				if err != nil {
-					return bad(MetaDeliverAt, "not an RFC 3339 time")
+					return nil, bad(MetaDeliverAt, "not an RFC 3339 time")
 				}
 				if t.After(now.Add(o.cfg.MaxDeliverAhead)) {
-					return bad(MetaDeliverAt, fmt.Sprintf("%s is more than %s ahead", v, o.cfg.MaxDeliverAhead))
+					return nil, bad(MetaDeliverAt, fmt.Sprintf("%s is more than %s ahead", v, o.cfg.MaxDeliverAhead))
 				}
 				schedules[i] = &t
 			case MetaMaxAttempts:
 				a, err := strconv.Atoi(v)
 				if err != nil || a < 1 || a > bus.MaxAttemptsLimit {
-					return bad(MetaMaxAttempts, fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit))
+					return nil, bad(MetaMaxAttempts, fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit))
 				}
 				attempts[i] = int32(a)
 			case bus.KeyPartitionKey, bus.KeyEventType:
 				if why := badText(v); why != "" {
-					return bad(k, why)
+					return nil, bad(k, why)
 				}
 				meta[k] = v
 			default:
 				if why := badText(k); why != "" {
-					return bad("Metadata", fmt.Sprintf("key %q: %s", k, why))
+					return nil, bad("Metadata", fmt.Sprintf("key %q: %s", k, why))
 				}
 				if why := badText(v); why != "" {
-					return bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
+					return nil, bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
 				}
 				meta[k] = v
 			}
@@ -238,36 +264,37 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 		}
 		metas[i], err = json.Marshal(meta)
 		if err != nil {
-			return bad("Metadata", err.Error())
+			return nil, bad("Metadata", err.Error())
 		}
 		if len(metas[i]) > o.cfg.MaxMetadataBytes {
-			return bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(metas[i]), o.cfg.MaxMetadataBytes))
+			return nil, bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(metas[i]), o.cfg.MaxMetadataBytes))
 		}
 	}
-	if _, err := db.Exec(ctx, o.q.insertOutbox, topic, ids, keys, types, payloads, metas, attempts, schedules); err != nil {
-		return fmt.Errorf("enqueue %d events to %q: %w", n, o.cfg.Table, err)
-	}
-	return nil
+	return r, nil
 }
 
 // Publisher returns a message.Publisher that enqueues into the outbox with
 // db. Publish with a pgx.Tx to write events in a business transaction.
 // Close is a no-op: db belongs to the caller.
 func (o *Outbox) Publisher(db DB) message.Publisher {
-	return &outboxPublisher{o: o, db: db}
+	return publisherFunc(func(topic string, msgs ...*message.Message) error {
+		return o.Enqueue(messagesContext(msgs), db, topic, msgs...)
+	})
 }
 
-type outboxPublisher struct {
-	o  *Outbox
-	db DB
+// publisherFunc is a message.Publisher whose Close does nothing.
+type publisherFunc func(topic string, msgs ...*message.Message) error
+
+func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
+	return f(topic, msgs...)
 }
 
-func (p *outboxPublisher) Publish(topic string, msgs ...*message.Message) error {
-	ctx := context.Background()
+func (publisherFunc) Close() error { return nil }
+
+// messagesContext is the context of a Publish call: the first message's.
+func messagesContext(msgs []*message.Message) context.Context {
 	if len(msgs) > 0 && msgs[0].Context() != nil {
-		ctx = msgs[0].Context()
+		return msgs[0].Context()
 	}
-	return p.o.Enqueue(ctx, p.db, topic, msgs...)
+	return context.Background()
 }
-
-func (p *outboxPublisher) Close() error { return nil }

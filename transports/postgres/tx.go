@@ -50,18 +50,11 @@ var ErrLeaseLost = errors.New("postgres subscriber: lease lost")
 // Keep the time between CompleteInTx and Commit short: the row stays locked
 // until then, and the subscriber's lease renewal waits for that lock.
 func (s *Subscriber) CompleteInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-	d, ok := bus.DeliveryOf(msg)
-	if !ok || d.Source != s.cfg.Table {
-		return fmt.Errorf("complete message %s in %q: it was not delivered by this subscriber", msg.UUID, s.cfg.Table)
-	}
-	id, err := strconv.ParseInt(d.ID, 10, 64)
+	id, attempts, err := s.deliveredRow(msg)
 	if err != nil {
-		return fmt.Errorf("complete message %s in %q: row id %q: %w", msg.UUID, s.cfg.Table, d.ID, err)
+		return err
 	}
-	// The lease counted this delivery (attempts = d.Attempts + 1); the
-	// completion takes the count back and is guarded by it, so it completes
-	// only the delivery it belongs to.
-	tag, err := tx.Exec(ctx, s.eng.q.completeRow, id, s.cfg.WorkerID, d.Attempts+1)
+	tag, err := tx.Exec(ctx, s.eng.q.completeRow, id, s.cfg.WorkerID, attempts)
 	if err != nil {
 		return fmt.Errorf("complete row %d of %q: %w", id, s.cfg.Table, err)
 	}
@@ -69,4 +62,20 @@ func (s *Subscriber) CompleteInTx(ctx context.Context, tx pgx.Tx, msg *message.M
 		return fmt.Errorf("complete row %d of %q: %w", id, s.cfg.Table, ErrLeaseLost)
 	}
 	return nil
+}
+
+// deliveredRow returns the row msg was delivered from and the attempt count
+// its lease set. The lease counted this delivery (attempts = d.Attempts +
+// 1); the completion takes the count back and is guarded by it, so it
+// completes only the delivery it belongs to.
+func (s *Subscriber) deliveredRow(msg *message.Message) (id int64, attempts int, err error) {
+	d, ok := bus.DeliveryOf(msg)
+	if !ok || d.Source != s.cfg.Table {
+		return 0, 0, fmt.Errorf("complete message %s in %q: it was not delivered by this subscriber", msg.UUID, s.cfg.Table)
+	}
+	id, err = strconv.ParseInt(d.ID, 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("complete message %s in %q: row id %q: %w", msg.UUID, s.cfg.Table, d.ID, err)
+	}
+	return id, d.Attempts + 1, nil
 }
