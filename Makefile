@@ -3,7 +3,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all demo test test-short services lint fmt vet bench soak build fuzz install
+.PHONY: all demo test test-short services lint fmt vet bench soak build fuzz install examples
 
 all: build
 
@@ -26,9 +26,16 @@ demo:
 	@if [ "$(BROKER)" = redis ]; then bash scripts/services.sh redis; fi
 	$(GO) run ./cmd/omnibus demo --broker $(BROKER)
 
-## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake)
+## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake),
+## and the data-layer module (examples/datalayers: database/sql, lib/pq, sqlx, GORM, bun)
 test: services
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	cd examples/datalayers && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## examples: run every example program against the local services and check what it prints
+examples: services
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./examples/
+	cd examples/datalayers && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run TestExamples ./...
 
 ## lint: formatting and vet
 lint: vet
@@ -38,6 +45,7 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags soak ./...
 	cd bench && $(GO) vet ./...
+	cd examples/datalayers && $(GO) vet ./...
 
 fmt:
 	gofmt -w .
