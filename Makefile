@@ -27,7 +27,7 @@ demo:
 	$(GO) run ./cmd/omnibus demo --broker $(BROKER)
 
 ## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake),
-## and the data-layer module (examples/datalayers: database/sql, lib/pq, sqlx, GORM, bun)
+## and the data-layer module (examples/datalayers: database/sql, lib/pq, sqlx, GORM, bun, ent)
 test: services
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	cd examples/datalayers && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -21,7 +21,7 @@ import (
 )
 
 // The examples, one per stack.
-var examples = []string{"sql-pgx", "sql-pq", "sqlx", "gorm", "bun"}
+var examples = []string{"sql-pgx", "sql-pq", "sqlx", "gorm", "bun", "ent"}
 
 func TestExamples(t *testing.T) {
 	t.Parallel()
@@ -45,7 +45,7 @@ func TestExamples(t *testing.T) {
 		})
 	}
 	t.Cleanup(func() {
-		assert.Empty(t, leftTables(t, "omnibus_datalayer_outbox_", "datalayer_orders_"), "the examples drop what they created")
+		assert.Empty(t, leftBehind(t, "omnibus_datalayer_outbox_", "datalayer_"), "the examples drop what they created")
 	})
 }
 
@@ -60,11 +60,14 @@ func withoutOmnibusVars() []string {
 	return out
 }
 
-// leftTables lists the tables whose name starts with one of prefixes.
-func leftTables(t *testing.T, prefixes ...string) []string {
+// leftBehind lists the tables and schemas whose name starts with one of
+// prefixes.
+func leftBehind(t *testing.T, prefixes ...string) []string {
 	t.Helper()
-	rows, err := testenv.Postgres(t).Query(context.Background(),
-		`SELECT tablename FROM pg_tables, unnest($1::text[]) AS p(prefix) WHERE starts_with(tablename, p.prefix)`, prefixes)
+	rows, err := testenv.Postgres(t).Query(context.Background(), `
+		SELECT 'table ' || tablename FROM pg_tables, unnest($1::text[]) AS p(prefix) WHERE starts_with(tablename, p.prefix)
+		UNION ALL
+		SELECT 'schema ' || nspname FROM pg_namespace, unnest($1::text[]) AS p(prefix) WHERE starts_with(nspname, p.prefix)`, prefixes)
 	require.NoError(t, err)
 	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"entgo.io/ent/dialect"
+	entsql "entgo.io/ent/dialect/sql"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -25,6 +27,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/examples/datalayers/ent/entdb"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
@@ -62,6 +65,20 @@ var stacks = map[string]func(t *testing.T) stackTx{
 			usable:   func() error { return tx.Exec(`SELECT 1`).Error },
 			commit:   func() error { return tx.Commit().Error },
 			rollback: func() error { return tx.Rollback().Error },
+		}
+	},
+	"ent": func(t *testing.T) stackTx {
+		sqlDB, err := sql.Open("pgx", testenv.PostgresURL())
+		require.NoError(t, err)
+		client := entdb.NewClient(entdb.Driver(entsql.OpenDB(dialect.Postgres, sqlDB)))
+		t.Cleanup(func() { _ = client.Close() })
+		tx, err := client.Tx(context.Background())
+		require.NoError(t, err)
+		return stackTx{
+			exec:     tx,
+			usable:   func() error { _, err := tx.ExecContext(context.Background(), `SELECT 1`); return err },
+			commit:   tx.Commit,
+			rollback: tx.Rollback,
 		}
 	},
 	"bun": func(t *testing.T) stackTx {

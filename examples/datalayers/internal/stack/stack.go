@@ -6,6 +6,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -30,8 +31,9 @@ type Order struct {
 }
 
 // Write is one stack's business transaction: it inserts order into the
-// table named orders and enqueues event with outbox in the same
-// transaction, then commits — or rolls back when rollback is set.
+// table named orders (schema.orders, the schema being the run's own) and
+// enqueues event with outbox in the same transaction, then commits — or
+// rolls back when rollback is set.
 type Write func(ctx context.Context, outbox *postgres.Outbox, orders string, order Order, event *message.Message, rollback bool) error
 
 // URL is the PostgreSQL the examples use (OMNIBUS_POSTGRES_URL).
@@ -54,10 +56,12 @@ func run(ctx context.Context, name string, open func(ctx context.Context) (Write
 		return err
 	}
 	defer pool.Close()
+	// The orders table lives in a schema of the run's own, as "orders".
 	outboxTable := example.Unique("omnibus_datalayer_outbox_")
-	orders := example.Unique("datalayer_orders_")
-	done, err := example.Tidy(ctx, "the example's tables "+outboxTable+" and "+orders, func(ctx context.Context) error {
-		return example.DropTables(ctx, pool, []string{outboxTable}, orders)
+	schema := example.Unique("datalayer_")
+	orders := schema + ".orders"
+	done, err := example.Tidy(ctx, "the example's outbox "+outboxTable+" and schema "+schema, func(ctx context.Context) error {
+		return errors.Join(example.DropTables(ctx, pool, []string{outboxTable}), example.DropSchema(ctx, pool, schema))
 	})
 	if err != nil {
 		return err
@@ -66,7 +70,7 @@ func run(ctx context.Context, name string, open func(ctx context.Context) (Write
 	if err := postgres.Migrate(ctx, pool, postgres.OutboxTable(outboxTable)); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+orders+` (id text PRIMARY KEY, amount integer NOT NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`; CREATE TABLE `+orders+` (id text PRIMARY KEY, amount bigint NOT NULL)`); err != nil {
 		return err
 	}
 	outbox, err := postgres.NewOutbox(postgres.OutboxConfig{Table: outboxTable})
