@@ -15,6 +15,7 @@ import (
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	_ "github.com/omnibus-go/omnibus/transports/all"
 	"github.com/omnibus-go/omnibus/transports/kafka"
+	"github.com/omnibus-go/omnibus/transports/rabbitmq"
 	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
@@ -32,6 +33,8 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 		cfg.Postgres.QueueGroups = []string{"smoke", "other"}
 	case kafka.Name:
 		kafka.SetSection(&cfg, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: testenv.Kafka(t)}})
+	case rabbitmq.Name:
+		rabbitmq.SetSection(&cfg, rabbitmq.Config{URL: testenv.RabbitMQ(t), ExchangePrefix: testenv.RabbitMQPrefix(t), QueueExpires: time.Minute})
 	case redis.Name:
 		testenv.Redis(t)
 		redis.SetSection(&cfg, redis.Config{Addr: testenv.RedisAddr(), StreamPrefix: testenv.RedisPrefix(t)})
@@ -43,7 +46,7 @@ func brokerConfig(t *testing.T, broker string) bus.Config {
 // broker: only Config.Broker (and the broker's section) changes.
 func TestOpen_EveryBrokerPassesTheSmokeTest(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, kafka.Name, redis.Name} {
+	for _, broker := range []string{bus.BrokerMemory, bus.BrokerPostgres, kafka.Name, rabbitmq.Name, redis.Name} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			smoke(t, brokerConfig(t, broker))
@@ -108,13 +111,13 @@ func TestOpen_RefusesInvalidConfigAndUnknownBrokers(t *testing.T) {
 	t.Parallel()
 	_, err := bus.OpenBroker(context.Background(), bus.Config{Broker: "pigeon"})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
-	assert.Contains(t, err.Error(), `broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, redis); to link another, import its transport package`)
+	assert.Contains(t, err.Error(), `broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, rabbitmq, redis); to link another, import its transport package`)
 
 	_, err = bus.OpenBroker(context.Background(), bus.Config{Broker: kafka.Name})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "kafka.brokers")
 
-	assert.Equal(t, []string{"kafka", "memory", "postgres", "redis"}, bus.RegisteredBrokers())
+	assert.Equal(t, []string{"kafka", "memory", "postgres", "rabbitmq", "redis"}, bus.RegisteredBrokers())
 }
 
 func TestOpen_PostgresBrokerServesConfiguredGroupsOnly(t *testing.T) {

@@ -3,7 +3,6 @@ package redis
 import (
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/tlsconf"
 )
 
 // Defaults of PublisherConfig and SubscriberConfig. A zero field takes its
@@ -104,32 +104,11 @@ func (c connection) tlsConfig() (*tls.Config, error) {
 	return tlsConfigFrom(c.tls, c.tlsCAFile, c.tlsServerName)
 }
 
-// tlsConfigFrom returns base (nil for none) with the certificate
-// authorities of the PEM file caFile as its roots and serverName as the
-// name checked against the server's certificate, each when not empty; nil
-// when all three are empty (TLS off). A file that cannot be read or holds
-// no certificate is a *bus.ConfigError on TLSCAFile.
+// tlsConfigFrom is tlsconf.FromFiles with its error naming TLSCAFile.
 func tlsConfigFrom(base *tls.Config, caFile, serverName string) (*tls.Config, error) {
-	if base == nil && caFile == "" && serverName == "" {
-		return nil, nil
-	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if base != nil {
-		cfg = base.Clone()
-	}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, invalid("TLSCAFile", "%v", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, invalid("TLSCAFile", "%q holds no PEM certificate", caFile)
-		}
-		cfg.RootCAs = pool
-	}
-	if serverName != "" {
-		cfg.ServerName = serverName
+	cfg, err := tlsconf.FromFiles(base, caFile, serverName)
+	if err != nil {
+		return nil, invalid("TLSCAFile", "%v", err)
 	}
 	return cfg, nil
 }
