@@ -14,7 +14,7 @@ build:
 install:
 	$(GO) install ./cmd/omnibus
 
-## services: start PostgreSQL, Redis and a 3-node Redis Cluster (127.0.0.1:7001-7003) when they are not reachable
+## services: start PostgreSQL, Redis, a 3-node Redis Cluster (127.0.0.1:7001-7003), RabbitMQ and NATS (JetStream) when they are not reachable
 services:
 	@bash scripts/services.sh
 

@@ -2,7 +2,8 @@
 # Starts the services the tests and the demo need, when they are not already
 # reachable: PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth), Redis
 # on 127.0.0.1:6379 and a 3-node Redis Cluster on 127.0.0.1:7001-7003 (no
-# replicas, no persistence). Uses installed binaries, else installs the
+# replicas, no persistence), RabbitMQ on 127.0.0.1:5672 (guest/guest) and
+# NATS with JetStream on 127.0.0.1:4222. Uses installed binaries, else installs the
 # Debian packages. Does nothing for a service that already answers (the
 # cluster: CLUSTER INFO reports cluster_state:ok).
 set -euo pipefail
@@ -11,7 +12,7 @@ PG_PORT=5432
 REDIS_PORT=6379
 CLUSTER_PORTS=(7001 7002 7003)
 CLUSTER_DIR="${OMNIBUS_TEST_REDIS_CLUSTER_DIR:-/var/lib/omnibus-redis-cluster}"
-ONLY="${1:-all}" # all | postgres | redis | redis-cluster
+ONLY="${1:-all}" # all | postgres | redis | redis-cluster | rabbitmq | nats | chromium
 
 reachable() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -128,6 +129,48 @@ start_redis_cluster() {
 	return 1
 }
 
+RABBITMQ_PORT=5672
+NATS_PORT=4222
+
+# RabbitMQ from Debian's rabbitmq-server (guest/guest on loopback).
+start_rabbitmq() {
+	if reachable $RABBITMQ_PORT; then
+		echo "services: RabbitMQ is up on 127.0.0.1:$RABBITMQ_PORT"
+		return
+	fi
+	if ! command -v rabbitmq-server >/dev/null 2>&1; then
+		echo "services: installing RabbitMQ from Debian packages"
+		apt_install rabbitmq-server
+	fi
+	echo "services: starting RabbitMQ"
+	if command -v service >/dev/null 2>&1 && [ -x /etc/init.d/rabbitmq-server ]; then
+		as_root service rabbitmq-server start >/dev/null 2>&1 || true
+	fi
+	reachable $RABBITMQ_PORT || as_root env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 rabbitmq-server -detached >/dev/null 2>&1 || true
+	for _ in $(seq 1 120); do
+		reachable $RABBITMQ_PORT && { echo "services: RabbitMQ is up on 127.0.0.1:$RABBITMQ_PORT"; return 0; }
+		sleep 0.5
+	done
+	echo "services: RabbitMQ did not come up on 127.0.0.1:$RABBITMQ_PORT" >&2
+	return 1
+}
+
+# NATS with JetStream from Debian's nats-server.
+start_nats() {
+	if reachable $NATS_PORT; then
+		echo "services: NATS is up on 127.0.0.1:$NATS_PORT"
+		return
+	fi
+	if ! command -v nats-server >/dev/null 2>&1; then
+		echo "services: installing NATS from Debian packages"
+		apt_install nats-server
+	fi
+	echo "services: starting NATS with JetStream"
+	as_root mkdir -p /var/lib/nats-server
+	as_root sh -c "nohup nats-server -a 127.0.0.1 -p $NATS_PORT -js -sd /var/lib/nats-server -l /var/log/nats-server.log >/dev/null 2>&1 &"
+	wait_for NATS $NATS_PORT
+}
+
 # Headless Debian chromium drives the console's browser tests (chromedp).
 install_chromium() {
 	if command -v chromium >/dev/null 2>&1; then
@@ -139,10 +182,12 @@ install_chromium() {
 }
 
 case "$ONLY" in
-all) start_postgres; start_redis; start_redis_cluster; install_chromium ;;
+all) start_postgres; start_redis; start_redis_cluster; start_rabbitmq; start_nats; install_chromium ;;
 postgres) start_postgres ;;
 redis) start_redis ;;
 redis-cluster) start_redis_cluster ;;
+rabbitmq) start_rabbitmq ;;
+nats) start_nats ;;
 chromium) install_chromium ;;
-*) echo "usage: $0 [all|postgres|redis|redis-cluster|chromium]" >&2; exit 2 ;;
+*) echo "usage: $0 [all|postgres|redis|redis-cluster|rabbitmq|nats|chromium]" >&2; exit 2 ;;
 esac

@@ -183,7 +183,8 @@ func TestDevKafka_PortInUseFailsNamingThePort(t *testing.T) {
 // TestDockerCompose_DeclaresTheServicesOnTheirLoopbackPorts checks the
 // repository's docker-compose.yml parses and declares what docs/operations.md
 // says: PostgreSQL 15 with trust auth, Redis 7, a 3-node Redis Cluster and a
-// single-node KRaft Kafka advertised on 127.0.0.1:9092, every port published
+// single-node KRaft Kafka advertised on 127.0.0.1:9092, RabbitMQ and NATS
+// with JetStream, every port published
 // on 127.0.0.1 only. (Docker is not run here; this is the file's contract.)
 func TestDockerCompose_DeclaresTheServicesOnTheirLoopbackPorts(t *testing.T) {
 	t.Parallel()
@@ -213,6 +214,8 @@ func TestDockerCompose_DeclaresTheServicesOnTheirLoopbackPorts(t *testing.T) {
 			"KAFKA_PROCESS_ROLES":        "broker,controller", // KRaft, no ZooKeeper
 			"KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://127.0.0.1:9092",
 		}},
+		{"rabbitmq", "rabbitmq:3", []string{"127.0.0.1:5672:5672"}, nil},
+		{"nats", "nats:2", []string{"127.0.0.1:4222:4222"}, nil},
 	}
 	assert.Len(t, compose.Services, len(cases), "services declared")
 	for _, c := range cases {
@@ -228,4 +231,5 @@ func TestDockerCompose_DeclaresTheServicesOnTheirLoopbackPorts(t *testing.T) {
 	}
 	assert.Contains(t, fmt.Sprint(compose.Services["redis-cluster"].Command),
 		"redis-cli --cluster create 127.0.0.1:7001 127.0.0.1:7002 127.0.0.1:7003")
+	assert.Contains(t, fmt.Sprint(compose.Services["nats"].Command), "-js", "NATS with JetStream")
 }
