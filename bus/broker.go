@@ -88,6 +88,10 @@ type Transport struct {
 	// and printed configs never mask them (see Config.Redacted). The
 	// transport's Name is one without being listed. Optional.
 	Words []string
+	// Endpoints returns the host:port addresses of the broker section
+	// (defaults applied) names, for readiness checks that dial them
+	// (omnibus relay and ingest's /readyz). Optional.
+	Endpoints func(section any) []string
 }
 
 var (
@@ -144,6 +148,19 @@ func Register(t Transport) {
 		sections[t.Key] = t
 		docTypeCache.Store(nil)
 	}
+}
+
+// BrokerEndpoints returns the host:port addresses of cfg's broker (its
+// transport's Endpoints), or nil when the transport names none (memory,
+// postgres) or is not linked.
+func BrokerEndpoints(cfg Config) []string {
+	registryMu.RLock()
+	t, ok := registry[cfg.Broker]
+	registryMu.RUnlock()
+	if !ok || t.Endpoints == nil || t.Key == "" {
+		return nil
+	}
+	return t.Endpoints(cfg.WithDefaults().Section(t.Key))
 }
 
 // RegisteredBrokers returns the names of the brokers linked into this

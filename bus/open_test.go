@@ -150,3 +150,29 @@ func TestOpen_PostgresBrokerServesConfiguredGroupsOnly(t *testing.T) {
 		}
 	}
 }
+
+// Each transport names the addresses a readiness check dials; bus and the
+// command know none of them.
+func TestBrokerEndpoints_ComeFromTheTransport(t *testing.T) {
+	t.Parallel()
+	with := func(broker string, set func(*bus.Config)) bus.Config {
+		cfg := bus.Config{Broker: broker}
+		if set != nil {
+			set(&cfg)
+		}
+		return cfg
+	}
+	assert.Nil(t, bus.BrokerEndpoints(with(bus.BrokerMemory, nil)))
+	assert.Nil(t, bus.BrokerEndpoints(with(bus.BrokerPostgres, nil)))
+	assert.Equal(t, []string{"k1:9092", "k2:9092"}, bus.BrokerEndpoints(with(kafka.Name, func(c *bus.Config) {
+		kafka.SetSection(c, kafka.Config{ConnectionConfig: kafka.ConnectionConfig{Brokers: []string{"k1:9092", "k2:9092"}}})
+	})))
+	assert.Equal(t, []string{"127.0.0.1:6379"}, bus.BrokerEndpoints(with(redis.Name, nil)))
+	assert.Equal(t, []string{"127.0.0.1:7001", "127.0.0.1:7002"}, bus.BrokerEndpoints(with(redis.Name, func(c *bus.Config) {
+		redis.SetSection(c, redis.Config{ClusterAddrs: []string{"127.0.0.1:7001", "127.0.0.1:7002"}})
+	})))
+	assert.Equal(t, []string{"127.0.0.1:5672"}, bus.BrokerEndpoints(with(rabbitmq.Name, nil)))
+	assert.Equal(t, []string{"mq.internal:5671"}, bus.BrokerEndpoints(with(rabbitmq.Name, func(c *bus.Config) {
+		rabbitmq.SetSection(c, rabbitmq.Config{URL: "amqps://u:p@mq.internal/vh"})
+	})))
+}

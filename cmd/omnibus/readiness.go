@@ -13,9 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/omnibus-go/omnibus/bus"
-	"github.com/omnibus-go/omnibus/transports/kafka"
 	"github.com/omnibus-go/omnibus/transports/postgres"
-	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // readyTimeout bounds one /readyz answer: every check shares it.
@@ -179,17 +177,12 @@ func (f *fetchHealth) check(context.Context) error {
 }
 
 // brokerCheck probes that the broker cfg names accepts connections: a TCP
-// connection to redis.addr, or to any of kafka.brokers. It returns nil (no
-// check) for the postgres broker, which the database check covers, and for
-// the memory broker.
+// connection to any of the addresses its transport names (bus.BrokerEndpoints).
+// It returns nil (no check) for a broker without addresses: postgres, which
+// the database check covers, and memory.
 func brokerCheck(cfg bus.Config) func(context.Context) error {
-	var addrs []string
-	switch cfg.Broker {
-	case redis.Name:
-		addrs = []string{redis.Section(cfg).Addr}
-	case kafka.Name:
-		addrs = kafka.Section(cfg).Brokers
-	default:
+	addrs := bus.BrokerEndpoints(cfg)
+	if len(addrs) == 0 {
 		return nil
 	}
 	return func(ctx context.Context) error { return dialAny(ctx, cfg.Broker, addrs) }

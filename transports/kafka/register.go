@@ -23,6 +23,7 @@ func init() {
 		Defaults:   func(s any) { s.(*Config).setDefaults() },
 		Validate:   func(s any, selected bool) error { return s.(*Config).validate(selected) },
 		Words:      []string{SASLPlain, SASLScramSHA256, SASLScramSHA512},
+		Endpoints:  func(s any) []string { return s.(*Config).Brokers },
 	})
 	// sarama prints nothing unless told; from here on it prints to slog (its
 	// notices at Info, its chatter at Debug) once a bus.OpenBroker is given a

@@ -26,6 +26,7 @@ func init() {
 		NewSection: func() any { return new(Config) },
 		Defaults:   func(s any) { s.(*Config).setDefaults() },
 		Validate:   func(s any, _ bool) error { return s.(*Config).validate() },
+		Endpoints:  func(s any) []string { return s.(*Config).endpoints() },
 	})
 }
 
@@ -133,6 +134,22 @@ func (c *Config) validate() error {
 		}
 	}
 	return ck.Err()
+}
+
+// endpoints is the host:port of the URL (port 5672, or 5671 for amqps).
+func (c *Config) endpoints() []string {
+	u, err := url.Parse(c.URL)
+	if err != nil || u.Hostname() == "" {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5672"
+		if u.Scheme == "amqps" {
+			port = "5671"
+		}
+	}
+	return []string{net.JoinHostPort(u.Hostname(), port)}
 }
 
 // connection is the section as a ConnectionConfig.

@@ -25,6 +25,12 @@ func init() {
 		NewSection: func() any { return new(Config) },
 		Defaults:   func(s any) { s.(*Config).setDefaults() },
 		Validate:   func(s any, _ bool) error { return s.(*Config).validate() },
+		Endpoints: func(s any) []string {
+			if c := s.(*Config); len(c.ClusterAddrs) == 0 {
+				return []string{c.Addr}
+			}
+			return s.(*Config).ClusterAddrs
+		},
 	})
 	// go-redis prints connection trouble to stderr; the first bus.OpenBroker
 	// given a logger sends it to that logger instead, at Info: omnibus
