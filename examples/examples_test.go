@@ -133,12 +133,15 @@ func TestOutboxBasic(t *testing.T) {
 
 func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{"memory", "postgres", "redis", "kafka"} {
+	for _, broker := range []string{"memory", "postgres", "redis", "kafka", "rabbitmq"} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			env := []string{"OMNIBUS_BROKER=" + broker}
-			if broker == "kafka" {
+			switch broker {
+			case "kafka":
 				env = append(env, "OMNIBUS_KAFKA_BROKERS="+strings.Join(testenv.Kafka(t), ","))
+			case "rabbitmq":
+				env = append(env, "OMNIBUS_RABBITMQ_URL="+testenv.RabbitMQ(t), "OMNIBUS_RABBITMQ_EXCHANGE_PREFIX="+testenv.RabbitMQPrefix(t))
 			}
 			// Its own stream prefix and queue table, to see what it leaves.
 			prefix := testenv.RedisPrefix(t)

@@ -25,23 +25,31 @@ import (
 	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
-// shardStand is the Redis scale-out stand of issue 28: messages published
-// with the omnibus Redis publisher (bus.OpenBroker of the same config) into
-// a topic of 8 shards, stored by 3 `omnibus ingest` processes into one
-// inbox. Every few seconds one process is SIGKILLed and restarted; once one
-// is SIGSTOPped for 4 leases and resumed.
+// shardStand is the scale-out stand of issues 28 and 30: messages
+// published with the broker's omnibus publisher (bus.OpenBroker of the same
+// config) into a topic of 8 shards, stored by 3 `omnibus ingest` processes
+// into one inbox. Every few seconds one process is SIGKILLed and restarted;
+// once one is SIGSTOPped for 4 leases and resumed.
 type shardStand struct {
+	broker   string        // redis (default) or rabbitmq
 	duration time.Duration // how long messages are published
 	messages int
 	keys     int
-	lease    time.Duration
-	cluster  bool // the 3-node Redis Cluster of `make services` instead of the single server
+	lease    time.Duration // redis.shard_lease, rabbitmq.heartbeat
+	cluster  bool          // the 3-node Redis Cluster of `make services` instead of the single server
 }
 
 // The short form runs in `make test`; the soak runs it for minutes.
 func TestIngest_ShardedRedisKeepsKeyOrderAcrossKillsAndAPause(t *testing.T) {
 	t.Parallel()
 	runShardStand(t, shardStand{duration: 12 * time.Second, messages: 3000, keys: 60, lease: time.Second})
+}
+
+// The same on RabbitMQ: 8 single-active-consumer queues per group, the
+// heartbeat as the lease.
+func TestIngest_ShardedRabbitMQKeepsKeyOrderAcrossKillsAndAPause(t *testing.T) {
+	t.Parallel()
+	runShardStand(t, shardStand{broker: "rabbitmq", duration: 12 * time.Second, messages: 3000, keys: 60, lease: time.Second})
 }
 
 // The same on Redis Cluster, configured with redis.cluster_addrs.
@@ -62,30 +70,36 @@ func runShardStand(t *testing.T, st shardStand) {
 	pool := testenv.Postgres(t)
 	table := "ib_shards_" + strings.ToLower(watermill.NewShortUUID()[:10])
 	t.Cleanup(func() { testenv.DropPostgresPrefix(t, table) })
-	var prefix string
-	if st.cluster {
-		testenv.RedisCluster(t) // fails with how to start it when it is down
-		prefix = testenv.RedisClusterPrefix(t)
-	} else {
-		prefix = testenv.RedisPrefix(t)
-	}
 	const topic, group = "orders", "stand"
 	env := map[string]string{
-		"OMNIBUS_BROKER":                     "redis",
 		"OMNIBUS_POSTGRES_URL":               testenv.PostgresURL(),
 		"OMNIBUS_INBOX_TABLE":                table,
 		"OMNIBUS_INBOX_TOPICS":               topic,
 		"OMNIBUS_INBOX_CONSUMER_GROUP":       group,
-		"OMNIBUS_REDIS_ADDR":                 testenv.RedisAddr(),
-		"OMNIBUS_REDIS_STREAM_PREFIX":        prefix,
-		"OMNIBUS_REDIS_SHARDS":               "8",
-		"OMNIBUS_REDIS_SHARD_LEASE":          st.lease.String(),
 		"OMNIBUS_OBSERVABILITY_METRICS_ADDR": "-",
 		"OMNIBUS_OBSERVABILITY_LOG_LEVEL":    "warn",
 	}
-	if st.cluster {
-		delete(env, "OMNIBUS_REDIS_ADDR")
+	switch {
+	case st.broker == "rabbitmq":
+		env["OMNIBUS_BROKER"] = "rabbitmq"
+		env["OMNIBUS_RABBITMQ_URL"] = testenv.RabbitMQ(t)
+		env["OMNIBUS_RABBITMQ_EXCHANGE_PREFIX"] = testenv.RabbitMQPrefix(t)
+		env["OMNIBUS_RABBITMQ_SHARDS"] = "8"
+		env["OMNIBUS_RABBITMQ_HEARTBEAT"] = st.lease.String()
+		env["OMNIBUS_RABBITMQ_QUEUE_EXPIRES"] = "1m"
+	case st.cluster:
+		testenv.RedisCluster(t) // fails with how to start it when it is down
+		env["OMNIBUS_BROKER"] = "redis"
 		env["OMNIBUS_REDIS_CLUSTER_ADDRS"] = strings.Join(testenv.RedisClusterAddrs(), ",")
+		env["OMNIBUS_REDIS_STREAM_PREFIX"] = testenv.RedisClusterPrefix(t)
+	default:
+		env["OMNIBUS_BROKER"] = "redis"
+		env["OMNIBUS_REDIS_ADDR"] = testenv.RedisAddr()
+		env["OMNIBUS_REDIS_STREAM_PREFIX"] = testenv.RedisPrefix(t)
+	}
+	if st.broker != "rabbitmq" {
+		env["OMNIBUS_REDIS_SHARDS"] = "8"
+		env["OMNIBUS_REDIS_SHARD_LEASE"] = st.lease.String()
 	}
 	environ := func() []string {
 		var list []string
@@ -226,6 +240,9 @@ func runShardStand(t *testing.T, st shardStand) {
 	assert.Equal(t, st.messages, n, "every message stored exactly once")
 	assert.Empty(t, reordered, "messages stored after a later one of their key")
 
+	if st.broker == "rabbitmq" {
+		return
+	}
 	// `omnibus inbox stats` shows each shard's owner, lag and pending entries.
 	var stats string
 	require.Eventually(t, func() bool {

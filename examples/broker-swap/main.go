@@ -1,16 +1,18 @@
 // Command broker-swap is one program whose broker is chosen by configuration:
 // the same code publishes and receives order events through the in-memory
-// broker, PostgreSQL, Kafka or Redis Streams, depending on OMNIBUS_BROKER.
+// broker, PostgreSQL, Kafka, Redis Streams or RabbitMQ, depending on
+// OMNIBUS_BROKER.
 //
 //	go run ./examples/broker-swap                        # memory
 //	OMNIBUS_BROKER=postgres go run ./examples/broker-swap
 //	OMNIBUS_BROKER=redis go run ./examples/broker-swap
 //	OMNIBUS_BROKER=kafka go run ./examples/broker-swap   # in-process Kafka unless OMNIBUS_KAFKA_BROKERS is set
+//	OMNIBUS_BROKER=rabbitmq go run ./examples/broker-swap
 //
 // Every key of the configuration can be set the same way (OMNIBUS_REDIS_ADDR,
 // OMNIBUS_POSTGRES_URL, …) or in a YAML file named by OMNIBUS_CONFIG; see
-// docs/configuration.md. When done it deletes what its topic left on Redis
-// or in the postgres broker's queue table, unless -keep.
+// docs/configuration.md. When done it deletes what its topic left on Redis,
+// on RabbitMQ or in the postgres broker's queue table, unless -keep.
 package main
 
 import (

@@ -19,6 +19,7 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/transports/postgres"
+	"github.com/omnibus-go/omnibus/transports/rabbitmq"
 	"github.com/omnibus-go/omnibus/transports/redis"
 )
 
@@ -107,6 +108,12 @@ func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 		defer client.Close()
 		if err := DropStreams(ctx, client, r.StreamPrefix+topic); err != nil {
 			return err
+		}
+	case rabbitmq.Name:
+		r := rabbitmq.Section(cfg)
+		groups := append([]string{cfg.Inbox.ConsumerGroup}, r.Groups...)
+		if err := rabbitmq.DeleteTopic(ctx, r.URL, r.ExchangePrefix, topic, r.Shards, groups...); err != nil {
+			return fmt.Errorf("delete the example's exchange and queues of topic %s: %w", topic, err)
 		}
 	case bus.BrokerPostgres:
 		pool, err := pgxpool.New(ctx, cfg.Postgres.URL)
