@@ -131,6 +131,14 @@ func TestOutboxBasic(t *testing.T) {
 	assert.Empty(t, leftInPostgres(t, "omnibus_example_outbox", "example_orders"))
 }
 
+func TestOutboxRabbitMQ(t *testing.T) {
+	t.Parallel()
+	out := runExample(t, "outbox-rabbitmq", "OMNIBUS_RABBITMQ_URL="+testenv.RabbitMQ(t))
+	assert.Contains(t, out, "wrote 8 orders and 24 events")
+	assert.Contains(t, out, "all 24 events delivered through 4 shard queues in order per order id")
+	assert.Empty(t, leftInPostgres(t, "omnibus_example_rabbitmq_outbox", "example_rabbitmq_orders"), "the example drops what it created")
+}
+
 func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
 	t.Parallel()
 	for _, broker := range []string{"memory", "postgres", "redis", "kafka", "rabbitmq"} {

@@ -45,10 +45,11 @@
 // after a consumer went away (x-delivery-count) included.
 //
 // Single-active-consumer does not balance: the active consumer of a shard
-// is the first that subscribed to it, and the others stand by. Each
-// subscription subscribes to the shards starting at a random one, so
-// consumers started together share them; one started later stands by until
-// an active one goes. Order holds either way.
+// is the first that subscribed to it, and the others stand by. In practice
+// the first consumer of a group is active on every shard and the others
+// take over when it goes: scaling consumers out on RabbitMQ gives failover
+// with order kept, not more parallelism (within one consumer, the keys of a
+// shard are handled concurrently, up to rabbitmq.prefetch).
 //
 // # Fencing
 //

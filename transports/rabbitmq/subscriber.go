@@ -207,8 +207,9 @@ func (sub *subscription) session() error {
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
-	// Consume the shards starting at a random one, so that consumers
-	// started together spread the active consumers of the shards.
+	// Consume the shards starting at a random one: consumers subscribing at
+	// the same moment may then share the shards (usually one is active on
+	// all of them and the others stand by; see the package documentation).
 	first := rand.IntN(sub.cfg.Shards)
 	for j := range sub.cfg.Shards {
 		i := (first + j) % sub.cfg.Shards
