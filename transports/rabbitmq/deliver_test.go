@@ -3,6 +3,9 @@ package rabbitmq_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,4 +210,35 @@ func TestShardCount_AnotherCountIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	defer pub8.Close()
 	assert.True(t, errors.Is(pub8.Publish("orders", keyed("k", "2")), rabbitmq.ErrShardCount))
+}
+
+// Concurrent Publish calls share channels; a return reaches the call whose
+// message it is, and no other.
+func TestPublisher_ConcurrentCallsGetTheirOwnReturns(t *testing.T) {
+	t.Parallel()
+	cc := conn(t, 2)
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{ConnectionConfig: cc, ConsumerGroup: "g"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, sub.SubscribeInitialize("orders")) // only orders has a queue
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{ConnectionConfig: cc, Channels: 2}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	var wg sync.WaitGroup
+	var routedErrs, unroutedOK atomic.Int64
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 25 {
+				if g%4 == 0 {
+					if pub.Publish("nobody-listens", keyed("k", strconv.Itoa(i))) == nil {
+						unroutedOK.Add(1)
+					}
+				} else if pub.Publish("orders", keyed("k", strconv.Itoa(i))) != nil {
+					routedErrs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, routedErrs.Load(), "routed messages succeed next to refused ones")
+	assert.Zero(t, unroutedOK.Load(), "every unroutable message is refused")
 }

@@ -16,9 +16,12 @@ import (
 	"github.com/omnibus-go/omnibus/bus"
 )
 
-// publishChunk bounds the messages awaiting confirmation on one channel, and
-// so the returns that can be waiting in its return queue.
+// publishChunk is how many messages of one call are published before their
+// confirms are awaited.
 const publishChunk = 512
+
+// maxInFlight bounds the messages of one channel awaiting their confirm.
+const maxInFlight = 4096
 
 // Publisher publishes to RabbitMQ with publisher confirms: Publish returns
 // once the broker has every message (persistent, in durable quorum queues),
@@ -32,16 +35,48 @@ type Publisher struct {
 	mu     sync.Mutex
 	conn   *amqp.Connection
 	closed bool
-	idle   []*pubChannel
+	chans  []*pubChannel // up to Channels, shared by concurrent Publish calls
 
+	next    atomic.Uint64 // round robin over chans
 	unkeyed atomic.Uint64
 }
 
-// pubChannel is a channel in confirm mode with its return queue.
+// pubChannel is a channel in confirm mode, shared by concurrent Publish
+// calls: each publishes its messages under mu (so a call's messages go out
+// in order) and waits for its own confirms. Returns are matched to their
+// caller by message-id.
 type pubChannel struct {
 	ch      *amqp.Channel
 	conn    *amqp.Connection
+	mu      sync.Mutex // serializes publishing; guards returned
 	returns chan amqp.Return
+	// returned holds the returns drained from returns, by message-id,
+	// until their caller looks.
+	returned map[string]amqp.Return
+	// inFlight bounds the messages published and not yet checked, and so
+	// the returns that can wait in returns (its capacity): the connection's
+	// reader never blocks on it.
+	inFlight chan struct{}
+}
+
+// takeReturn reports whether the message id was returned (no queue took
+// it). A return comes before the confirm of its message, from the same
+// connection reader, so once the confirm is in, the return is queued.
+func (pc *pubChannel) takeReturn(id string) (amqp.Return, bool) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for {
+		select {
+		case r := <-pc.returns:
+			pc.returned[r.MessageId] = r
+			continue
+		default:
+		}
+		break
+	}
+	r, ok := pc.returned[id]
+	delete(pc.returned, id)
+	return r, ok
 }
 
 // NewPublisher validates cfg; it connects on the first Publish.
@@ -93,22 +128,24 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	for start := 0; start < len(msgs); start += publishChunk {
 		chunk := msgs[start:min(start+publishChunk, len(msgs))]
 		if err := p.publish(ctx, pc, exchange, topic, chunk); err != nil {
-			_ = pc.ch.Close()
 			var amqpErr *amqp.Error
 			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
 				p.topo.forget(exchange) // deleted under us: declare it again
 				err = bus.Transient(err)
 			}
+			if pc.ch.IsClosed() {
+				p.drop(pc)
+			}
 			return err
 		}
 	}
-	p.release(pc)
 	return nil
 }
 
 func (p *Publisher) publish(ctx context.Context, pc *pubChannel, exchange, topic string, msgs []*message.Message) error {
-	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
-	for _, msg := range msgs {
+	pubs := make([]amqp.Publishing, len(msgs))
+	routes := make([]string, len(msgs))
+	for i, msg := range msgs {
 		pub, err := publishing(msg)
 		if err != nil {
 			return fmt.Errorf("publish to %q: %w", topic, err)
@@ -119,12 +156,27 @@ func (p *Publisher) publish(ctx context.Context, pc *pubChannel, exchange, topic
 		} else if p.cfg.Shards > 1 {
 			shard = int(p.unkeyed.Add(1) % uint64(p.cfg.Shards))
 		}
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(shard), true, false, pub)
+		pubs[i], routes[i] = pub, routingKey(shard)
+	}
+	for range msgs {
+		pc.inFlight <- struct{}{}
+	}
+	defer func() {
+		for range msgs {
+			<-pc.inFlight
+		}
+	}()
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	pc.mu.Lock()
+	for i := range pubs {
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routes[i], true, false, pubs[i])
 		if err != nil {
-			return classify(fmt.Errorf("publish %s to %q: %w", msg.UUID, topic, err))
+			pc.mu.Unlock()
+			return classify(fmt.Errorf("publish %s to %q: %w", msgs[i].UUID, topic, err))
 		}
 		confirms = append(confirms, dc)
 	}
+	pc.mu.Unlock()
 	for i, dc := range confirms {
 		ok, err := dc.WaitContext(ctx)
 		if err != nil {
@@ -134,17 +186,13 @@ func (p *Publisher) publish(ctx context.Context, pc *pubChannel, exchange, topic
 			return classify(fmt.Errorf("publish %s to %q: %w", msgs[i].UUID, topic, errNotConfirmed))
 		}
 	}
-	// A return comes before the confirm of its message, from the same
-	// connection reader: every return of this chunk is queued by now.
-	for {
-		select {
-		case r := <-pc.returns:
+	for _, msg := range msgs {
+		if r, returned := pc.takeReturn(msg.UUID); returned {
 			return fmt.Errorf("publish %s to %q: no queue took it (%d %s): declare the consumer group's queues first (subscribe, or list the group in rabbitmq.groups)",
-				r.MessageId, topic, r.ReplyCode, r.ReplyText)
-		default:
-			return nil
+				msg.UUID, topic, r.ReplyCode, r.ReplyText)
 		}
 	}
+	return nil
 }
 
 // connection returns the live connection, dialling when there is none.
@@ -161,22 +209,21 @@ func (p *Publisher) connection() (*amqp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.conn, p.idle = conn, nil
+	p.conn, p.chans = conn, nil
 	return conn, nil
 }
 
-// channel takes an idle confirm channel of conn or opens one.
+// channel returns one of conn's shared confirm channels, opening them up to
+// Channels.
 func (p *Publisher) channel(conn *amqp.Connection) (*pubChannel, error) {
 	p.mu.Lock()
-	for len(p.idle) > 0 {
-		pc := p.idle[len(p.idle)-1]
-		p.idle = p.idle[:len(p.idle)-1]
-		if pc.conn == conn && !pc.ch.IsClosed() {
-			p.mu.Unlock()
-			return pc, nil
-		}
+	defer p.mu.Unlock()
+	if p.conn != conn {
+		return nil, bus.Transient(amqp.ErrClosed)
 	}
-	p.mu.Unlock()
+	if len(p.chans) >= p.cfg.Channels {
+		return p.chans[p.next.Add(1)%uint64(len(p.chans))], nil
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, classify(fmt.Errorf("open a channel: %w", err))
@@ -185,18 +232,23 @@ func (p *Publisher) channel(conn *amqp.Connection) (*pubChannel, error) {
 		_ = ch.Close()
 		return nil, classify(fmt.Errorf("put a channel in confirm mode: %w", err))
 	}
-	return &pubChannel{ch: ch, conn: conn, returns: ch.NotifyReturn(make(chan amqp.Return, publishChunk))}, nil
+	pc := &pubChannel{ch: ch, conn: conn, returned: map[string]amqp.Return{},
+		returns:  ch.NotifyReturn(make(chan amqp.Return, maxInFlight)),
+		inFlight: make(chan struct{}, maxInFlight)}
+	p.chans = append(p.chans, pc)
+	return pc, nil
 }
 
-// release keeps pc for the next Publish, up to Channels of them.
-func (p *Publisher) release(pc *pubChannel) {
+// drop forgets a channel the server closed (after a refused publish).
+func (p *Publisher) drop(pc *pubChannel) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || len(p.idle) >= p.cfg.Channels || pc.conn != p.conn {
-		_ = pc.ch.Close()
-		return
+	for i, c := range p.chans {
+		if c == pc {
+			p.chans = append(p.chans[:i], p.chans[i+1:]...)
+			return
+		}
 	}
-	p.idle = append(p.idle, pc)
 }
 
 // Close closes the connection. Publish calls in flight fail.
