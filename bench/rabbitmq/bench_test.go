@@ -147,7 +147,9 @@ func BenchmarkPublish(b *testing.B) {
 		b.StartTimer()
 		runs := []func(){
 			func() { oursRate += publishPerOp / publishConcurrently(b, pub, "orders", publishPerOp).Seconds() },
-			func() { theirsRate += publishPerOp / publishConcurrently(b, theirs, theirTopic, publishPerOp).Seconds() },
+			func() {
+				theirsRate += publishPerOp / publishConcurrently(b, theirs, theirTopic, publishPerOp).Seconds()
+			},
 			func() { rawRate += publishPerOp / publishRaw(b, pfx+"orders", publishPerOp).Seconds() },
 		}
 		for j := range runs {
