@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,7 +204,7 @@ func (p *Publisher) connection() (*amqp.Connection, error) {
 	if p.conn != nil && !p.conn.IsClosed() {
 		return p.conn, nil
 	}
-	conn, err := dial(p.cfg.ConnectionConfig, nil)
+	conn, err := dial(p.cfg.ConnectionConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -265,37 +264,16 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// dial connects with cfg. seen, when set, is called on every read from the
-// server (heartbeats included): a Subscriber's fence.
-func dial(cfg ConnectionConfig, seen func()) (*amqp.Connection, error) {
+// dial connects with cfg.
+func dial(cfg ConnectionConfig) (*amqp.Connection, error) {
 	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
 		Heartbeat:       cfg.Heartbeat,
-		TLSClientConfig: cfg.TLS,
+		TLSClientConfig: cfg.TLS.Clone(), // amqp091 sets its ServerName
 		Locale:          "en_US",
-		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := net.DialTimeout(network, addr, 10*time.Second)
-			if err != nil || seen == nil {
-				return c, err
-			}
-			return &seenConn{Conn: c, seen: seen}, nil
-		},
+		Dial:            amqp.DefaultDial(10 * time.Second),
 	})
 	if err != nil {
 		return nil, classify(fmt.Errorf("connect to RabbitMQ at %s: %w", redactURL(cfg.URL), err))
 	}
 	return conn, nil
-}
-
-// seenConn calls seen whenever the server sent something.
-type seenConn struct {
-	net.Conn
-	seen func()
-}
-
-func (c *seenConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if n > 0 {
-		c.seen()
-	}
-	return n, err
 }

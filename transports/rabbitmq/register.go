@@ -179,7 +179,7 @@ func openBroker(ctx context.Context, cfg bus.Config, logger *slog.Logger) (bus.B
 	// Reach the server once: unreachable is transient (OpenBroker keeps
 	// trying in the background); credentials it refuses are a
 	// configuration error at start.
-	probe, err := dial(conn, nil)
+	probe, err := dial(conn)
 	if err != nil {
 		var amqpErr *amqp.Error
 		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused {

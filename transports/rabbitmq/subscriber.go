@@ -86,7 +86,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := bus.ValidateTopic(topic); err != nil {
 		return err
 	}
-	conn, err := dial(s.cfg.ConnectionConfig, nil)
+	conn, err := dial(s.cfg.ConnectionConfig)
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (sub *subscription) run() {
 // session is one connection: it consumes every shard queue of the group
 // until the connection fails, the lease lapses or the subscription stops.
 func (sub *subscription) session() error {
-	conn, err := dial(sub.cfg.ConnectionConfig, nil)
+	conn, err := dial(sub.cfg.ConnectionConfig)
 	if err != nil {
 		return err
 	}
