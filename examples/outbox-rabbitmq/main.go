@@ -22,10 +22,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/processors"
@@ -83,23 +79,10 @@ func run(ctx context.Context) error {
 		orders = append(orders, fmt.Sprintf("order-%d", i))
 	}
 	steps := []string{"created", "paid", "shipped"}
-	for _, step := range steps {
-		for _, id := range orders {
-			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO example_rabbitmq_orders (id, status) VALUES ($1, $2)
-					ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status`, id, step); err != nil {
-					return err
-				}
-				msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"order":%q,"status":%q}`, id, step))
-				bus.SetPartitionKey(msg, id)
-				bus.SetEventType(msg, "order."+step)
-				return outbox.Enqueue(ctx, tx, topic, msg)
-			}); err != nil {
-				return fmt.Errorf("write %s %s: %w", id, step, err)
-			}
-		}
+	total, err := example.WriteOrders(ctx, pool, outbox, "example_rabbitmq_orders", topic, orders, steps)
+	if err != nil {
+		return err
 	}
-	total := len(orders) * len(steps)
 	fmt.Printf("wrote %d orders and %d events\n", len(orders), total)
 
 	// Two consumers of the group: one active per shard, the other standing by.

@@ -18,10 +18,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/examples/internal/example"
 	"github.com/omnibus-go/omnibus/processors"
@@ -77,23 +73,10 @@ func run(ctx context.Context) error {
 	// The service: each business change and its event commit together.
 	orders := []string{"order-1", "order-2", "order-3"}
 	steps := []string{"created", "paid", "shipped"}
-	for _, step := range steps {
-		for _, id := range orders {
-			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO example_redis_orders (id, status) VALUES ($1, $2)
-					ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status`, id, step); err != nil {
-					return err
-				}
-				msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"order":%q,"status":%q}`, id, step))
-				bus.SetPartitionKey(msg, id)
-				bus.SetEventType(msg, "order."+step)
-				return outbox.Enqueue(ctx, tx, topic, msg)
-			}); err != nil {
-				return fmt.Errorf("write %s %s: %w", id, step, err)
-			}
-		}
+	total, err := example.WriteOrders(ctx, pool, outbox, "example_redis_orders", topic, orders, steps)
+	if err != nil {
+		return err
 	}
-	total := len(orders) * len(steps)
 	fmt.Printf("wrote %d orders and %d events in %d transactions\n", len(orders), total, total)
 
 	// The relay: outbox rows → XADD to the stream "omnibus:example:orders".

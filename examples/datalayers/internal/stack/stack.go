@@ -6,6 +6,7 @@ package stack
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -129,4 +130,28 @@ func run(ctx context.Context, name string, open func(ctx context.Context) (Write
 		return fmt.Errorf("the committed event was not delivered: %w", ctx.Err())
 	}
 	return running.Stop()
+}
+
+// SQLWrite is the Write of plain database/sql, whichever driver db uses:
+// the business row and the event in one *sql.Tx.
+func SQLWrite(db *sql.DB) Write {
+	return func(ctx context.Context, outbox *postgres.Outbox, orders string, o Order, event *message.Message, rollback bool) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }() // a no-op after Commit
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+orders+` (id, amount) VALUES ($1, $2)`, o.ID, o.Amount); err != nil {
+			return err
+		}
+		// The *sql.Tx is all EnqueueSQL needs; its arrays go as text, so
+		// every driver takes them.
+		if err := outbox.EnqueueSQL(ctx, tx, Topic, event); err != nil {
+			return err
+		}
+		if rollback {
+			return tx.Rollback()
+		}
+		return tx.Commit()
+	}
 }
