@@ -1,7 +1,7 @@
 // Package all links every built-in omnibus transport into a program, so that
 // omnibus.Open (and bus.OpenBroker) can open any of them by name from
 // configuration, and LoadConfig reads their sections (kafka:, redis:,
-// rabbitmq:):
+// rabbitmq:, nats:):
 //
 //	import _ "github.com/omnibus-go/omnibus/transports/all"
 //
@@ -14,6 +14,7 @@ import (
 	// Each registers its broker with bus.Register from init.
 	_ "github.com/omnibus-go/omnibus/transports/kafka"
 	_ "github.com/omnibus-go/omnibus/transports/memory"
+	_ "github.com/omnibus-go/omnibus/transports/nats"
 	_ "github.com/omnibus-go/omnibus/transports/postgres"
 	_ "github.com/omnibus-go/omnibus/transports/rabbitmq"
 	_ "github.com/omnibus-go/omnibus/transports/redis"

@@ -108,7 +108,7 @@ func TestSubscriber_NackHoldsTheKeyThenGiveUpDeadLetters(t *testing.T) {
 
 	dead := getDead(t, cc, "orders", "g")
 	assert.Equal(t, "1", dead.Headers["seq"])
-	assert.Equal(t, "given up", dead.Headers[bus.KeyDeadLetterReason])
+	assert.Equal(t, bus.DeadLetterReasonGaveUp, dead.Headers[bus.KeyDeadLetterReason])
 	assert.Equal(t, "card declined", dead.Headers[bus.KeyDeadLetterError])
 	assert.Equal(t, "orders", dead.Headers[bus.KeyDeadLetterTopic])
 	assert.Equal(t, "g", dead.Headers[bus.KeyDeadLetterGroup])
@@ -149,7 +149,7 @@ func TestSubscriber_UndecodableMessageIsDeadLettered(t *testing.T) {
 	}
 	dead := getDead(t, cc, "orders", "g")
 	assert.Equal(t, "bad-1", dead.MessageId)
-	assert.Equal(t, "undecodable", dead.Headers[bus.KeyDeadLetterReason])
+	assert.Equal(t, bus.DeadLetterReasonUndecodable, dead.Headers[bus.KeyDeadLetterReason])
 	assert.Contains(t, dead.Headers[bus.KeyDeadLetterError], `header "amount" is a int32, not a string`)
 }
 

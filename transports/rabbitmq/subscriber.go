@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -333,7 +334,7 @@ func (ss *session) read(queue string, deliveries <-chan amqp.Delivery) {
 		msg, err := decode(d)
 		if err != nil {
 			ss.deadLetter(&entry{d: d, queue: queue, attempts: deliveryCount(d), msg: message.NewMessage(d.MessageId, d.Body)},
-				"undecodable", err.Error(), bus.ClassPermanent)
+				bus.DeadLetterReasonUndecodable, err.Error(), bus.ClassPermanent)
 			continue
 		}
 		e := &entry{d: d, msg: msg, queue: queue, key: bus.PartitionKey(msg), attempts: deliveryCount(d)}
@@ -418,7 +419,7 @@ func (ss *session) handOut(e *entry) (again bool) {
 		sub.s.stats.nacked.Add(1)
 		st, ok := bus.SettlementFromContext(ctx)
 		if ok && st.GiveUp {
-			ss.deadLetter(e, "given up", st.Error, st.Class)
+			ss.deadLetter(e, bus.DeadLetterReasonGaveUp, st.Error, st.Class)
 			return false
 		}
 		due := st.RetryAt
@@ -446,7 +447,7 @@ func (ss *session) deadLetter(e *entry, reason, errText string, class bus.Class)
 	sub := ss.sub
 	pub := amqp.Publishing{MessageId: e.d.MessageId, Body: e.d.Body, DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Headers: amqp.Table{}}
 	for k, v := range e.d.Headers {
-		if !isBrokerHeader(k) {
+		if !isBrokerHeader(k) && !strings.HasPrefix(k, bus.DeadLetterPrefix) {
 			pub.Headers[k] = v
 		}
 	}
