@@ -77,7 +77,7 @@ func TestShards_StalledConsumerIsFenced(t *testing.T) {
 	defer stalled.Close()
 	var fromStalled atomic.Int64
 	testenv.ConsumeInto(t, context.Background(), stalled, "orders", l, &fromStalled, 20*time.Millisecond) // slow: it holds messages it has not handed out yet
-	time.Sleep(500 * time.Millisecond)                                                        // the stalled one is active on every shard
+	time.Sleep(500 * time.Millisecond)                                                                    // the stalled one is active on every shard
 	other, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{ConnectionConfig: cc, ConsumerGroup: "g", Prefetch: 20}, nil)
 	require.NoError(t, err)
 	defer other.Close()
