@@ -19,11 +19,11 @@ services:
 	@bash scripts/services.sh
 
 ## demo: orders and events written in transactions, relayed through a broker, ingested,
-## deduplicated and dispatched in order; prints a summary (BROKER=memory|postgres|kafka|redis)
+## deduplicated and dispatched in order; prints a summary (BROKER=memory|postgres|kafka|redis|rabbitmq|nats)
 BROKER ?= memory
 demo:
 	@bash scripts/services.sh postgres
-	@if [ "$(BROKER)" = redis ]; then bash scripts/services.sh redis; fi
+	@if [ "$(BROKER)" = redis ] || [ "$(BROKER)" = rabbitmq ] || [ "$(BROKER)" = nats ]; then bash scripts/services.sh $(BROKER); fi
 	$(GO) run ./cmd/omnibus demo --broker $(BROKER)
 
 ## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake),

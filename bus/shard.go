@@ -42,7 +42,9 @@ type ShardStatus struct {
 	// Lag is how many of the shard's messages the group has not been handed
 	// yet; -1 when the broker cannot tell.
 	Lag int64 `json:"lag"`
-	// Pending is how many were handed out and not yet acknowledged.
+	// Pending is how many were handed out and not yet acknowledged; -1
+	// when the broker cannot tell (what a consumer holds lives in its
+	// memory).
 	Pending int64 `json:"pending"`
 	// Leases is how many times a consumer of the group took the shard's
 	// lease: it grows with every rebalance, takeover and restart.

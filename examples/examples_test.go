@@ -6,6 +6,7 @@ package examples_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -139,9 +142,34 @@ func TestOutboxRabbitMQ(t *testing.T) {
 	assert.Empty(t, leftInPostgres(t, "omnibus_example_rabbitmq_outbox", "example_rabbitmq_orders"), "the example drops what it created")
 }
 
+func TestOutboxNATS(t *testing.T) {
+	t.Parallel()
+	out := runExample(t, "outbox-nats", "OMNIBUS_NATS_URL="+testenv.NATS(t))
+	assert.Contains(t, out, "wrote 8 orders and 24 events")
+	assert.Contains(t, out, "all 24 events delivered through 4 shard subjects in order per order id")
+	assert.Empty(t, leftInPostgres(t, "omnibus_example_nats_outbox", "example_nats_orders"), "the example drops what it created")
+	assert.False(t, natsStreamExists(t, "omnibus_example_orders"), "the example deletes its stream")
+}
+
+// natsStreamExists tells whether the NATS server has stream name.
+func natsStreamExists(t *testing.T, name string) bool {
+	t.Helper()
+	nc, err := natsgo.Connect(testenv.NATS(t))
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = js.Stream(context.Background(), name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false
+	}
+	require.NoError(t, err)
+	return true
+}
+
 func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{"memory", "postgres", "redis", "kafka", "rabbitmq"} {
+	for _, broker := range []string{"memory", "postgres", "redis", "kafka", "rabbitmq", "nats"} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			env := []string{"OMNIBUS_BROKER=" + broker}
@@ -150,6 +178,8 @@ func TestBrokerSwap_SameCodeOnEveryBroker(t *testing.T) {
 				env = append(env, "OMNIBUS_KAFKA_BROKERS="+strings.Join(testenv.Kafka(t), ","))
 			case "rabbitmq":
 				env = append(env, "OMNIBUS_RABBITMQ_URL="+testenv.RabbitMQ(t), "OMNIBUS_RABBITMQ_EXCHANGE_PREFIX="+testenv.RabbitMQPrefix(t))
+			case "nats":
+				env = append(env, "OMNIBUS_NATS_URL="+testenv.NATS(t), "OMNIBUS_NATS_SUBJECT_PREFIX="+testenv.NATSPrefix(t))
 			}
 			// Its own stream prefix and queue table, to see what it leaves.
 			prefix := testenv.RedisPrefix(t)

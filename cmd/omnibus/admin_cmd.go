@@ -487,7 +487,11 @@ func (a *app) printShards(topics []topicShards) {
 			if s.Lag < 0 {
 				lag = "?"
 			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%d\n", s.Shard, owner, lag, s.Pending)
+			pending := strconv.FormatInt(s.Pending, 10)
+			if s.Pending < 0 {
+				pending = "?"
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", s.Shard, owner, lag, pending)
 		}
 		_ = w.Flush()
 	}

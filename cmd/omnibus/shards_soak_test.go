@@ -33,3 +33,9 @@ func TestSoak_ShardedRabbitMQKeepsKeyOrderAcrossKillsAndAPause(t *testing.T) {
 	d := soakDuration(t)
 	runShardStand(t, shardStand{broker: "rabbitmq", duration: d, messages: int(d.Seconds() * 250), keys: 500, lease: 2 * time.Second})
 }
+
+// The same stand on NATS JetStream.
+func TestSoak_ShardedNATSKeepsKeyOrderAcrossKillsAndAPause(t *testing.T) {
+	d := soakDuration(t)
+	runShardStand(t, shardStand{broker: "nats", duration: d, messages: int(d.Seconds() * 250), keys: 500, lease: 2 * time.Second})
+}

@@ -1,6 +1,7 @@
 // Command broker-swap is one program whose broker is chosen by configuration:
 // the same code publishes and receives order events through the in-memory
-// broker, PostgreSQL, Kafka, Redis Streams or RabbitMQ, depending on
+// broker, PostgreSQL, Kafka, Redis Streams, RabbitMQ or NATS JetStream,
+// depending on
 // OMNIBUS_BROKER.
 //
 //	go run ./examples/broker-swap                        # memory
@@ -8,11 +9,12 @@
 //	OMNIBUS_BROKER=redis go run ./examples/broker-swap
 //	OMNIBUS_BROKER=kafka go run ./examples/broker-swap   # in-process Kafka unless OMNIBUS_KAFKA_BROKERS is set
 //	OMNIBUS_BROKER=rabbitmq go run ./examples/broker-swap
+//	OMNIBUS_BROKER=nats go run ./examples/broker-swap
 //
 // Every key of the configuration can be set the same way (OMNIBUS_REDIS_ADDR,
 // OMNIBUS_POSTGRES_URL, …) or in a YAML file named by OMNIBUS_CONFIG; see
 // docs/configuration.md. When done it deletes what its topic left on Redis,
-// on RabbitMQ or in the postgres broker's queue table, unless -keep.
+// on RabbitMQ, on NATS or in the postgres broker's queue table, unless -keep.
 package main
 
 import (

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/omnibus-go/omnibus/bus"
@@ -86,8 +85,7 @@ func run(ctx context.Context) error {
 	fmt.Printf("wrote %d orders and %d events\n", len(orders), total)
 
 	// Two consumers of the group: one active per shard, the other standing by.
-	type got struct{ consumer, key, step string }
-	arrived := make(chan got, total)
+	arrived := make(chan example.Arrival, total)
 	var subs []*rabbitmq.Subscriber
 	for c := range 2 {
 		sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{ConnectionConfig: conn, ConsumerGroup: group, Consumer: fmt.Sprintf("printer-%d", c+1)}, logger)
@@ -102,7 +100,7 @@ func run(ctx context.Context) error {
 		subs = append(subs, sub)
 		go func() {
 			for msg := range msgs {
-				arrived <- got{sub.Consumer(), bus.PartitionKey(msg), bus.EventType(msg)[len("order."):]}
+				arrived <- example.Arrival{Consumer: sub.Consumer(), Key: bus.PartitionKey(msg), Step: bus.EventType(msg)[len("order."):]}
 				msg.Ack()
 			}
 		}()
@@ -125,23 +123,9 @@ func run(ctx context.Context) error {
 	running := example.Start(ctx, relay)
 	defer running.Stop()
 
-	last := map[string]string{}
-	next := map[string]string{"": "created", "created": "paid", "paid": "shipped"}
-	var mu sync.Mutex
-	perConsumer := map[string]int{}
-	for i := range total {
-		select {
-		case g := <-arrived:
-			if next[last[g.key]] != g.step {
-				return fmt.Errorf("%s: got %s after %q: out of order", g.key, g.step, last[g.key])
-			}
-			last[g.key] = g.step
-			mu.Lock()
-			perConsumer[g.consumer]++
-			mu.Unlock()
-		case <-ctx.Done():
-			return fmt.Errorf("only %d of %d events delivered: %w", i, total, ctx.Err())
-		}
+	perConsumer, err := example.InOrder(ctx, arrived, total, steps)
+	if err != nil {
+		return err
 	}
 	if err := running.Stop(); err != nil {
 		return err

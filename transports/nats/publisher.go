@@ -86,7 +86,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	acks := make([]jetstream.PubAckFuture, len(nms))
 	for i, m := range nms {
-		if acks[i], err = js.PublishMsgAsync(m, jetstream.WithExpectStream(stream), jetstream.WithStallWait(p.cfg.Timeout)); err != nil {
+		if acks[i], err = js.PublishMsgAsync(m, jetstream.WithStallWait(p.cfg.Timeout)); err != nil {
 			return classify(fmt.Errorf("publish %s to %q: %w", msgs[i].UUID, topic, err))
 		}
 	}

@@ -239,3 +239,8 @@ func (b *natsBroker) Subscriber(group string) (message.Subscriber, error) {
 }
 
 func (b *natsBroker) Close() error { return b.pub.Close() }
+
+// DeduplicatesPublishes implements bus.PublishDeduplicator: a message
+// published again with the same UUID within nats.duplicate_window is stored
+// once.
+func (b *natsBroker) DeduplicatesPublishes() bool { return true }

@@ -181,3 +181,50 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg ConnectionConfig) (
 	}
 	return kv, nil
 }
+
+// DeleteTopic deletes topic's stream and dead-letter stream, and the shard
+// leases and memberships of groups: what it held is gone. For tests,
+// examples and a drained topic whose shard count is to change.
+func DeleteTopic(ctx context.Context, cfg ConnectionConfig, topic string, groups ...string) error {
+	cfg.setDefaults()
+	b, err := base(cfg.SubjectPrefix, topic)
+	if err != nil {
+		return err
+	}
+	nc, err := dial(cfg, "omnibus delete-topic")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(cfg.Timeout))
+	if err != nil {
+		return err
+	}
+	stream := streamName(b)
+	var errs []error
+	for _, s := range []string{stream, deadLetterStream(stream)} {
+		if err := js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			errs = append(errs, fmt.Errorf("delete stream %s: %w", s, err))
+		}
+	}
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return errors.Join(errs...)
+	}
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, g := range groups {
+		keys, err := kv.ListKeysFiltered(ctx, stream+"."+g+".>")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for k := range keys.Keys() {
+			if err := kv.Purge(ctx, k); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/transports/nats"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/rabbitmq"
 	"github.com/omnibus-go/omnibus/transports/redis"
@@ -91,7 +92,8 @@ func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 }
 
 // BrokerTopic removes what publishing to topic left on the broker cfg names:
-// the stream and its dead-letter stream on Redis, the topic's rows in the
+// the stream and its dead-letter stream on Redis, the exchange and queues on
+// RabbitMQ, the streams and leases on NATS, the topic's rows in the
 // postgres broker's queue table. It leaves Kafka topics alone: an
 // in-process cluster goes away with the program, and a topic on a real
 // cluster may be someone else's too.
@@ -114,6 +116,12 @@ func BrokerTopic(ctx context.Context, cfg bus.Config, topic string) error {
 		groups := append([]string{cfg.Inbox.ConsumerGroup}, r.Groups...)
 		if err := rabbitmq.DeleteTopic(ctx, r.URL, r.ExchangePrefix, topic, r.Shards, groups...); err != nil {
 			return fmt.Errorf("delete the example's exchange and queues of topic %s: %w", topic, err)
+		}
+	case nats.Name:
+		n := nats.Section(cfg)
+		conn := nats.ConnectionConfig{URL: n.URL, Token: n.Token, CredsFile: n.CredsFile, SubjectPrefix: n.SubjectPrefix, Bucket: n.Bucket}
+		if err := nats.DeleteTopic(ctx, conn, topic, cfg.Inbox.ConsumerGroup); err != nil {
+			return fmt.Errorf("delete the example's streams of topic %s: %w", topic, err)
 		}
 	case bus.BrokerPostgres:
 		pool, err := pgxpool.New(ctx, cfg.Postgres.URL)
