@@ -26,6 +26,9 @@ const (
 	// DefaultMaxPending bounds a Publisher's messages awaiting their
 	// acknowledgement from JetStream.
 	DefaultMaxPending = 4096
+	// DefaultPublishConnections is how many connections a Publisher
+	// spreads concurrent calls over.
+	DefaultPublishConnections = 2
 )
 
 // ConnectionConfig is how a Publisher or Subscriber reaches NATS and lays a
@@ -107,14 +110,20 @@ func (c ConnectionConfig) validate() error {
 type PublisherConfig struct {
 	ConnectionConfig
 	// MaxPending bounds the messages published and not yet acknowledged by
-	// JetStream, across concurrent Publish calls. Default DefaultMaxPending.
+	// JetStream, per connection. Default DefaultMaxPending.
 	MaxPending int
+	// Connections is how many connections concurrent Publish calls share,
+	// round robin by call. Default DefaultPublishConnections.
+	Connections int
 }
 
 func (c *PublisherConfig) setDefaults() {
 	c.ConnectionConfig.setDefaults()
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
+	}
+	if c.Connections == 0 {
+		c.Connections = DefaultPublishConnections
 	}
 }
 
@@ -125,6 +134,9 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.MaxPending < 1 {
 		return invalid("MaxPending", "%d is under 1", c.MaxPending)
+	}
+	if c.Connections < 1 || c.Connections > 64 {
+		return invalid("Connections", "%d is not between 1 and 64", c.Connections)
 	}
 	return nil
 }

@@ -28,9 +28,10 @@ type Publisher struct {
 	topo   *topology
 
 	mu     sync.Mutex
-	nc     *natsgo.Conn
-	js     jetstream.JetStream
+	ncs    []*natsgo.Conn
+	jss    []jetstream.JetStream
 	closed bool
+	next   atomic.Uint64
 
 	unkeyed atomic.Uint64
 }
@@ -105,30 +106,42 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-// client returns the JetStream client, connecting when there is none.
+// client returns one of the JetStream clients, round robin, connecting
+// when there are none. A call publishes all its messages on one
+// connection, so they are stored in the order given.
 func (p *Publisher) client() (jetstream.JetStream, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, ErrClosed
 	}
-	if p.js != nil {
-		return p.js, nil
+	if len(p.jss) == 0 {
+		for range p.cfg.Connections {
+			nc, err := dial(p.cfg.ConnectionConfig, "omnibus publisher")
+			if err != nil {
+				p.closeAll()
+				return nil, err
+			}
+			js, err := jetstream.New(nc,
+				jetstream.WithPublishAsyncMaxPending(p.cfg.MaxPending),
+				jetstream.WithPublishAsyncTimeout(p.cfg.Timeout),
+				jetstream.WithDefaultTimeout(p.cfg.Timeout))
+			if err != nil {
+				nc.Close()
+				p.closeAll()
+				return nil, err
+			}
+			p.ncs, p.jss = append(p.ncs, nc), append(p.jss, js)
+		}
 	}
-	nc, err := dial(p.cfg.ConnectionConfig, "omnibus publisher")
-	if err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(p.cfg.MaxPending),
-		jetstream.WithPublishAsyncTimeout(p.cfg.Timeout),
-		jetstream.WithDefaultTimeout(p.cfg.Timeout))
-	if err != nil {
+	return p.jss[p.next.Add(1)%uint64(len(p.jss))], nil
+}
+
+func (p *Publisher) closeAll() {
+	for _, nc := range p.ncs {
 		nc.Close()
-		return nil, err
 	}
-	p.nc, p.js = nc, js
-	return js, nil
+	p.ncs, p.jss = nil, nil
 }
 
 // Close closes the connection; Publish calls in flight fail.
@@ -139,9 +152,7 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	if p.nc != nil {
-		p.nc.Close()
-	}
+	p.closeAll()
 	return nil
 }
 
