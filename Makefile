@@ -3,7 +3,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 9m
 
-.PHONY: all demo test test-short services lint fmt vet bench soak build fuzz install examples
+.PHONY: all demo test test-short services lint fmt vet bench soak soak-horizon build fuzz install examples
 
 all: build
 
@@ -54,6 +54,11 @@ fmt:
 bench:
 	@bash scripts/services.sh
 	cd bench && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./...
+
+## soak-horizon: the outbox under writers at capacity for 20 minutes with the xmin horizon pinned
+## (OMNIBUS_HORIZON_DURATION, OMNIBUS_HORIZON_PIN=off for the same without); prints per-minute figures
+soak-horizon: services
+	$(GO) test -count=1 -tags soak -run PinnedHorizonStand -timeout 60m -v ./transports/postgres/
 
 ## soak: long-running stand tests (build tag soak; OMNIBUS_SOAK_DURATION, default 3m)
 soak: services

@@ -33,7 +33,7 @@ func TestConfig_ValidateNamesTheFieldAndAcceptedValues(t *testing.T) {
 		field  string
 		reason string
 	}{
-		{"unknown broker", func(c *Config) { c.Broker = "pigeon" }, "broker", `"pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, rabbitmq, redis); to link another, import its transport package`},
+		{"unknown broker", func(c *Config) { c.Broker = "pigeon" }, "broker", `"pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, nats, rabbitmq, redis); to link another, import its transport package`},
 		{"postgres url", func(c *Config) { c.Postgres.URL = "localhost" }, "postgres.url", "neither a postgres:// URL nor a key=value"},
 		{"postgres url unparsable", func(c *Config) { c.Postgres.URL = "postgres://u:pw@h:badport/db%zz" }, "postgres.url", "not a valid URL"},
 		{"postgres url other scheme", func(c *Config) { c.Postgres.URL = "mysql://u:pw@h/db" }, "postgres.url", `scheme "mysql" is not postgres or postgresql`},

@@ -120,3 +120,32 @@ func SettlementFromContext(ctx context.Context) (Settlement, bool) {
 	}
 	return *st.settlement, true
 }
+
+// Redelivery is what a transport does with a nacked delivery, read from the
+// settlement its handler left: give it up (dead-letter it), or hand it out
+// again at Due, Counted telling whether the failure spent an attempt.
+type Redelivery struct {
+	Settlement Settlement
+	GiveUp     bool
+	Due        time.Time
+	Counted    bool
+}
+
+// RedeliveryFor decides a nacked delivery's fate from its settlement st (ok
+// false when the handler recorded none): a nack without a settlement, or
+// whose settlement names no retry time, is due after nackDelay; only a
+// transient failure spends no attempt.
+func RedeliveryFor(st Settlement, ok bool, nackDelay time.Duration) Redelivery {
+	r := Redelivery{Settlement: st, GiveUp: ok && st.GiveUp, Due: st.RetryAt, Counted: !ok || st.Class != ClassTransient}
+	if !ok || r.Due.IsZero() {
+		r.Due = time.Now().Add(nackDelay)
+	}
+	return r
+}
+
+// RedeliveryOf is RedeliveryFor of the settlement in ctx (the context of a
+// message a subscriber emitted).
+func RedeliveryOf(ctx context.Context, nackDelay time.Duration) Redelivery {
+	st, ok := SettlementFromContext(ctx)
+	return RedeliveryFor(st, ok, nackDelay)
+}

@@ -111,13 +111,13 @@ func TestOpen_RefusesInvalidConfigAndUnknownBrokers(t *testing.T) {
 	t.Parallel()
 	_, err := bus.OpenBroker(context.Background(), bus.Config{Broker: "pigeon"})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
-	assert.Contains(t, err.Error(), `broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, rabbitmq, redis); to link another, import its transport package`)
+	assert.Contains(t, err.Error(), `broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, nats, rabbitmq, redis); to link another, import its transport package`)
 
 	_, err = bus.OpenBroker(context.Background(), bus.Config{Broker: kafka.Name})
 	require.ErrorIs(t, err, bus.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "kafka.brokers")
 
-	assert.Equal(t, []string{"kafka", "memory", "postgres", "rabbitmq", "redis"}, bus.RegisteredBrokers())
+	assert.Equal(t, []string{"kafka", "memory", "nats", "postgres", "rabbitmq", "redis"}, bus.RegisteredBrokers())
 }
 
 func TestOpen_PostgresBrokerServesConfiguredGroupsOnly(t *testing.T) {

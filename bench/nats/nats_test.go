@@ -6,8 +6,6 @@ package natsbench
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,25 +15,20 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/omnibus-go/omnibus/bench/internal/brokerbench"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/transports/nats"
 )
 
 const (
-	// goroutines publish concurrently, one message per Publish call.
-	goroutines = 64
 	// publishPerOp and consumePerOp are the messages of one run.
 	publishPerOp = 20000
 	consumePerOp = 2000
-	// keys the messages are spread over.
-	keys = 1000
 	// rawBatch is how many messages the floor publishes before it waits for
 	// their acknowledgements.
 	rawBatch = 100
 )
-
-var body = []byte(`{"order":"order-0000","amount":4200,"currency":"EUR","note":"a payload of about 128 bytes, as the other benchmarks use"}`)
 
 func prefix() string { return fmt.Sprintf("omnibus_bench_%d.", time.Now().UnixNano()) }
 
@@ -69,30 +62,6 @@ func theirs(b *testing.B) (*wnats.Publisher, func() *wnats.Subscriber) {
 	}
 }
 
-func keyed(i int) *message.Message {
-	msg := message.NewMessage(watermill.NewUUID(), body)
-	bus.SetPartitionKey(msg, fmt.Sprintf("key-%d", i%keys))
-	return msg
-}
-
-func publishConcurrently(b *testing.B, pub message.Publisher, topic string, n int) time.Duration {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range goroutines {
-		wg.Go(func() {
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				if err := pub.Publish(topic, keyed(int(i))); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return time.Since(start)
-}
-
 func rawJS(b *testing.B) (jetstream.JetStream, func()) {
 	nc, err := natsgo.Connect(testenv.NATS(b))
 	if err != nil {
@@ -116,9 +85,9 @@ func publishRaw(b *testing.B, subject string, n int) time.Duration {
 		var acks []jetstream.PubAckFuture
 		for i := range min(rawBatch, n-sent) {
 			m := natsgo.NewMsg(subject)
-			m.Data = body
+			m.Data = brokerbench.Body
 			m.Header.Set(jetstream.MsgIDHeader, watermill.NewUUID())
-			m.Header.Set(bus.KeyPartitionKey, fmt.Sprintf("key-%d", (sent+i)%keys))
+			m.Header.Set(bus.KeyPartitionKey, fmt.Sprintf("key-%d", (sent+i)%brokerbench.Keys))
 			f, err := js.PublishMsgAsync(m)
 			if err != nil {
 				b.Fatal(err)
@@ -170,16 +139,18 @@ func BenchmarkPublish(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := pub.Publish("orders", keyed(0)); err != nil { // creates the stream
+		if err := pub.Publish("orders", brokerbench.Keyed(0)); err != nil { // creates the stream
 			b.Fatal(err)
 		}
 		theirPub, _ := theirs(b)
 		theirTopic := pfx[:len(pfx)-1] + "_watermill"
 		b.StartTimer()
 		runs := []func(){
-			func() { oursRate += publishPerOp / publishConcurrently(b, pub, "orders", publishPerOp).Seconds() },
 			func() {
-				theirsRate += publishPerOp / publishConcurrently(b, theirPub, theirTopic, publishPerOp).Seconds()
+				oursRate += publishPerOp / brokerbench.PublishConcurrently(b, pub, "orders", publishPerOp).Seconds()
+			},
+			func() {
+				theirsRate += publishPerOp / brokerbench.PublishConcurrently(b, theirPub, theirTopic, publishPerOp).Seconds()
 			},
 			func() { rawRate += publishPerOp / publishRaw(b, pfx+"orders.0", publishPerOp).Seconds() },
 		}
@@ -207,31 +178,6 @@ func BenchmarkPublish(b *testing.B) {
 	b.ReportMetric(100*oursRate/rawRate, "omnibus/raw-%")
 }
 
-// consume reads n messages from sub, each handled for 1 ms and acked in a
-// goroutine of its own, as a Watermill router does.
-func consume(b *testing.B, sub message.Subscriber, topic string, n int) time.Duration {
-	msgs, err := sub.Subscribe(context.Background(), topic)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var done sync.WaitGroup
-	done.Add(n)
-	start := time.Now()
-	go func() {
-		for msg := range msgs {
-			go func() {
-				time.Sleep(time.Millisecond)
-				msg.Ack()
-				done.Done()
-			}()
-		}
-	}()
-	done.Wait()
-	elapsed := time.Since(start)
-	_ = sub.Close()
-	return elapsed
-}
-
 // BenchmarkConsume reads consumePerOp messages over 1,000 keys, published
 // beforehand, with a 1 ms handler, through ours (one subscriber, default
 // prefetch, keys handled concurrently, one at a time per key) and
@@ -251,7 +197,7 @@ func BenchmarkConsume(b *testing.B) {
 		for start := 0; start < consumePerOp; start += 100 {
 			var batch []*message.Message
 			for j := range 100 {
-				batch = append(batch, keyed(start+j))
+				batch = append(batch, brokerbench.Keyed(start+j))
 			}
 			if err := pub.Publish("orders", batch...); err != nil {
 				b.Fatal(err)
@@ -261,7 +207,7 @@ func BenchmarkConsume(b *testing.B) {
 		theirPub, theirSub := theirs(b)
 		theirTopic := pfx[:len(pfx)-1] + "_watermill"
 		for j := range consumePerOp {
-			if err := theirPub.Publish(theirTopic, keyed(j)); err != nil {
+			if err := theirPub.Publish(theirTopic, brokerbench.Keyed(j)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -273,9 +219,11 @@ func BenchmarkConsume(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				oursRate += consumePerOp / consume(b, sub, "orders", consumePerOp).Seconds()
+				oursRate += consumePerOp / brokerbench.Consume(b, sub, "orders", consumePerOp).Seconds()
 			},
-			func() { theirsRate += consumePerOp / consume(b, theirSub(), theirTopic, consumePerOp).Seconds() },
+			func() {
+				theirsRate += consumePerOp / brokerbench.Consume(b, theirSub(), theirTopic, consumePerOp).Seconds()
+			},
 		}
 		for j := range runs {
 			runs[(i+j)%len(runs)]()

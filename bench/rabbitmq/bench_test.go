@@ -6,8 +6,6 @@ package rabbitmqbench
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,25 +14,20 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/omnibus-go/omnibus/bench/internal/brokerbench"
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/transports/rabbitmq"
 )
 
 const (
-	// goroutines publish concurrently, one message per Publish call.
-	goroutines = 64
 	// publishPerOp and consumePerOp are the messages of one run.
 	publishPerOp = 5000
 	consumePerOp = 2000
-	// keys the messages are spread over.
-	keys = 1000
 	// rawBatch is how many messages the floor publishes before it waits for
 	// their confirms.
 	rawBatch = 100
 )
-
-var body = []byte(`{"order":"order-0000","amount":4200,"currency":"EUR","note":"a payload of about 128 bytes, as the other benchmarks use"}`)
 
 func url(b *testing.B) string { return testenv.RabbitMQ(b) }
 
@@ -51,30 +44,6 @@ func theirsConfig(b *testing.B) wamqp.Config {
 	cfg.Publish.ConfirmDelivery = true // like ours: Publish returns once the broker has it
 	cfg.Publish.ChannelPoolSize = rabbitmq.DefaultChannels
 	return cfg
-}
-
-func keyed(i int) *message.Message {
-	msg := message.NewMessage(watermill.NewUUID(), body)
-	bus.SetPartitionKey(msg, fmt.Sprintf("key-%d", i%keys))
-	return msg
-}
-
-func publishConcurrently(b *testing.B, pub message.Publisher, topic string, n int) time.Duration {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range goroutines {
-		wg.Go(func() {
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				if err := pub.Publish(topic, keyed(int(i))); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return time.Since(start)
 }
 
 // publishRaw is the floor: one confirm-mode channel of amqp091-go,
@@ -99,8 +68,8 @@ func publishRaw(b *testing.B, exchange string, n int) time.Duration {
 		var dcs []*amqp.DeferredConfirmation
 		for i := range min(rawBatch, n-done) {
 			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "shard.0", true, false, amqp.Publishing{
-				MessageId: watermill.NewUUID(), Body: body, DeliveryMode: amqp.Persistent,
-				Headers: amqp.Table{bus.KeyPartitionKey: fmt.Sprintf("key-%d", (done+i)%keys)},
+				MessageId: watermill.NewUUID(), Body: brokerbench.Body, DeliveryMode: amqp.Persistent,
+				Headers: amqp.Table{bus.KeyPartitionKey: fmt.Sprintf("key-%d", (done+i)%brokerbench.Keys)},
 			})
 			if err != nil {
 				b.Fatal(err)
@@ -146,9 +115,11 @@ func BenchmarkPublish(b *testing.B) {
 		declareTheirs(b, theirTopic)
 		b.StartTimer()
 		runs := []func(){
-			func() { oursRate += publishPerOp / publishConcurrently(b, pub, "orders", publishPerOp).Seconds() },
 			func() {
-				theirsRate += publishPerOp / publishConcurrently(b, theirs, theirTopic, publishPerOp).Seconds()
+				oursRate += publishPerOp / brokerbench.PublishConcurrently(b, pub, "orders", publishPerOp).Seconds()
+			},
+			func() {
+				theirsRate += publishPerOp / brokerbench.PublishConcurrently(b, theirs, theirTopic, publishPerOp).Seconds()
 			},
 			func() { rawRate += publishPerOp / publishRaw(b, pfx+"orders", publishPerOp).Seconds() },
 		}
@@ -219,31 +190,6 @@ func deleteQueue(b *testing.B, name string) {
 	}
 }
 
-// consume reads n messages from sub, each handled for 1 ms and acked in a
-// goroutine of its own, as a Watermill router does.
-func consume(b *testing.B, sub message.Subscriber, topic string, n int) time.Duration {
-	msgs, err := sub.Subscribe(context.Background(), topic)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var done sync.WaitGroup
-	done.Add(n)
-	start := time.Now()
-	go func() {
-		for msg := range msgs {
-			go func() {
-				time.Sleep(time.Millisecond)
-				msg.Ack()
-				done.Done()
-			}()
-		}
-	}()
-	done.Wait()
-	elapsed := time.Since(start)
-	_ = sub.Close()
-	return elapsed
-}
-
 // BenchmarkConsume reads consumePerOp messages over 1,000 keys, published
 // beforehand, with a 1 ms handler, through ours (one subscriber, default
 // prefetch, keys handled concurrently, one at a time per key) and
@@ -263,7 +209,7 @@ func BenchmarkConsume(b *testing.B) {
 		for start := 0; start < consumePerOp; start += 100 {
 			var batch []*message.Message
 			for j := range 100 {
-				batch = append(batch, keyed(start+j))
+				batch = append(batch, brokerbench.Keyed(start+j))
 			}
 			if err := pub.Publish("orders", batch...); err != nil {
 				b.Fatal(err)
@@ -277,7 +223,7 @@ func BenchmarkConsume(b *testing.B) {
 			b.Fatal(err)
 		}
 		for j := range consumePerOp {
-			if err := theirPub.Publish(theirTopic, keyed(j)); err != nil {
+			if err := theirPub.Publish(theirTopic, brokerbench.Keyed(j)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -289,14 +235,14 @@ func BenchmarkConsume(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				oursRate += consumePerOp / consume(b, sub, "orders", consumePerOp).Seconds()
+				oursRate += consumePerOp / brokerbench.Consume(b, sub, "orders", consumePerOp).Seconds()
 			},
 			func() {
 				sub, err := wamqp.NewSubscriber(theirsConfig(b), watermill.NopLogger{})
 				if err != nil {
 					b.Fatal(err)
 				}
-				theirsRate += consumePerOp / consume(b, sub, theirTopic, consumePerOp).Seconds()
+				theirsRate += consumePerOp / brokerbench.Consume(b, sub, theirTopic, consumePerOp).Seconds()
 			},
 		}
 		for j := range runs {

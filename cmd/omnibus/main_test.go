@@ -195,7 +195,7 @@ func TestBadUsageAndBadConfigExit2(t *testing.T) {
 		{"extra argument", []string{"migrate", "now"}, `unknown command "now" for "omnibus migrate"`},
 		{"demo orders", []string{"demo", "--orders", "0"}, "--orders must be at least 1"},
 		{"missing config file", []string{"--config", "/nonexistent/omnibus.yaml", "config", "check"}, "invalid config: read config file"},
-		{"invalid config", []string{"--config", bad, "config", "check"}, `invalid config: broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, rabbitmq, redis); to link another, import its transport package`},
+		{"invalid config", []string{"--config", bad, "config", "check"}, `invalid config: broker: "pigeon" is not one of the brokers linked into this program (memory, postgres, kafka, nats, rabbitmq, redis); to link another, import its transport package`},
 		{"unknown config key", []string{"--config", unknownKey, "migrate", "--print"}, "outbox.tabel (line 2): field tabel not found"},
 		{"bad log format", []string{"--log-format", "xml", "config", "check"}, `observability.log_format: "xml" is not one of text, json`},
 		{"bad log level", []string{"--log-level", "loud", "relay"}, `observability.log_level: "loud" is not one of debug, info, warn, error`},

@@ -7,6 +7,8 @@
 package testenv
 
 import (
+	"github.com/omnibus-go/omnibus/bus"
+
 	"crypto/rand"
 	"encoding/hex"
 	"strings"
@@ -38,4 +40,20 @@ func Name(t testing.TB) string {
 	var suffix [5]byte
 	_, _ = rand.Read(suffix[:])
 	return base + "_" + hex.EncodeToString(suffix[:])
+}
+
+// ParseConfig reads yaml and then env (a map of OMNIBUS_* variables) as a
+// process would, applies the defaults and validates: the transports'
+// configuration tests share it.
+func ParseConfig(yaml string, env map[string]string) (bus.Config, error) {
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	cfg, err := bus.ParseConfigEnv([]byte(yaml), lookup)
+	if err != nil {
+		return cfg, err
+	}
+	if err := cfg.ApplyEnv(lookup); err != nil {
+		return cfg, err
+	}
+	cfg = cfg.WithDefaults()
+	return cfg, cfg.Validate()
 }

@@ -6,7 +6,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"os"
+	"strings"
 )
 
 // FromFiles returns base (nil for none) with the certificate authorities of
@@ -37,4 +39,16 @@ func FromFiles(base *tls.Config, caFile, serverName string) (*tls.Config, error)
 		cfg.ServerName = serverName
 	}
 	return cfg, nil
+}
+
+// CheckServerName reports a TLS server name that is not a bare host name
+// (it has a port, a scheme or a space); "" is fine (unset).
+func CheckServerName(n string) error {
+	if n == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(n); err == nil || strings.ContainsAny(n, " \t/") {
+		return fmt.Errorf("%q is not a host name (no port, scheme or spaces)", n)
+	}
+	return nil
 }

@@ -153,10 +153,8 @@ func (c *Config) validate() error {
 	if _, err := tlsconf.FromFiles(nil, c.TLSCAFile, ""); err != nil {
 		ck.Fail("tls_ca_file", "%v", err)
 	}
-	if n := c.TLSServerName; n != "" {
-		if _, _, err := net.SplitHostPort(n); err == nil || strings.ContainsAny(n, " \t/") {
-			ck.Fail("tls_server_name", "%q is not a host name (no port, scheme or spaces)", n)
-		}
+	if err := tlsconf.CheckServerName(c.TLSServerName); err != nil {
+		ck.Fail("tls_server_name", "%v", err)
 	}
 	return ck.Err()
 }

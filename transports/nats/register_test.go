@@ -17,23 +17,9 @@ import (
 	"github.com/omnibus-go/omnibus/transports/nats"
 )
 
-func parse(t *testing.T, yaml string, env map[string]string) (bus.Config, error) {
-	t.Helper()
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	cfg, err := bus.ParseConfigEnv([]byte(yaml), lookup)
-	if err != nil {
-		return cfg, err
-	}
-	if err := cfg.ApplyEnv(lookup); err != nil {
-		return cfg, err
-	}
-	cfg = cfg.WithDefaults()
-	return cfg, cfg.Validate()
-}
-
 func TestConfig_FromYAMLAndEnvWithDefaults(t *testing.T) {
 	t.Parallel()
-	cfg, err := parse(t, "broker: nats\nnats:\n  url: nats://app:s3cret@nats1:4222,nats://app:s3cret@nats2:4222\n  token: tok-s3cret\n  shards: 8\n  shard_lease: 5s\n  max_age: 168h\n  subject_prefix: prod.\n", nil)
+	cfg, err := testenv.ParseConfig("broker: nats\nnats:\n  url: nats://app:s3cret@nats1:4222,nats://app:s3cret@nats2:4222\n  token: tok-s3cret\n  shards: 8\n  shard_lease: 5s\n  max_age: 168h\n  subject_prefix: prod.\n", nil)
 	require.NoError(t, err)
 	n := nats.Section(cfg)
 	assert.Equal(t, 8, n.Shards)
@@ -45,7 +31,7 @@ func TestConfig_FromYAMLAndEnvWithDefaults(t *testing.T) {
 	printed := fmt.Sprint(cfg.Redacted())
 	assert.NotContains(t, printed, "s3cret")
 
-	cfg, err = parse(t, "broker: nats\n", map[string]string{
+	cfg, err = testenv.ParseConfig("broker: nats\n", map[string]string{
 		"OMNIBUS_NATS_URL": "tls://nats.internal:4443", "OMNIBUS_NATS_SHARDS": "4", "OMNIBUS_NATS_PREFETCH": "10", "OMNIBUS_NATS_BUCKET": "leases",
 	})
 	require.NoError(t, err)
@@ -55,7 +41,7 @@ func TestConfig_FromYAMLAndEnvWithDefaults(t *testing.T) {
 	assert.Equal(t, 10, n.Prefetch)
 	assert.Equal(t, "leases", n.Bucket)
 
-	cfg, err = parse(t, "broker: nats\n", nil)
+	cfg, err = testenv.ParseConfig("broker: nats\n", nil)
 	require.NoError(t, err)
 	assert.Equal(t, nats.DefaultURL, nats.Section(cfg).URL)
 	assert.Equal(t, nats.DefaultShardLease, nats.Section(cfg).ShardLease)
@@ -77,7 +63,7 @@ func TestConfig_BadValuesNameTheKeyAndHideTheSecret(t *testing.T) {
 		{"creds_file: /nonexistent.creds", "nats.creds_file", "no such file"},
 		{"tls_ca_file: /nonexistent.pem", "nats.tls_ca_file", "no such file"},
 	} {
-		_, err := parse(t, "broker: nats\nnats:\n  "+c.yaml+"\n", nil)
+		_, err := testenv.ParseConfig("broker: nats\nnats:\n  "+c.yaml+"\n", nil)
 		require.Error(t, err, c.yaml)
 		assert.ErrorIs(t, err, bus.ErrInvalidConfig, c.yaml)
 		assert.Contains(t, err.Error(), c.key+": ", c.yaml)

@@ -335,20 +335,16 @@ func (sh *shard) handOut(e *entry) (again bool) {
 		return false
 	case <-msg.Nacked():
 		g.s.stats.nacked.Add(1)
-		st, ok := bus.SettlementFromContext(ctx)
-		if ok && st.GiveUp {
-			sh.deadLetter(e, bus.DeadLetterReasonGaveUp, st.Error, st.Class)
+		r := bus.RedeliveryOf(ctx, g.s.cfg.NackDelay)
+		if r.GiveUp {
+			sh.deadLetter(e, bus.DeadLetterReasonGaveUp, r.Settlement.Error, r.Settlement.Class)
 			return false
 		}
-		due := st.RetryAt
-		if !ok || due.IsZero() {
-			due = time.Now().Add(g.s.cfg.NackDelay)
-		}
-		if !ok || st.Class != bus.ClassTransient {
+		if r.Counted {
 			e.attempts++
 		}
 		select {
-		case <-time.After(time.Until(due)):
+		case <-time.After(time.Until(r.Due)):
 			return true
 		case <-sh.soft.Done():
 			return false

@@ -10,26 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 	"github.com/omnibus-go/omnibus/transports/rabbitmq"
 )
 
-func parse(t *testing.T, yaml string, env map[string]string) (bus.Config, error) {
-	t.Helper()
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	cfg, err := bus.ParseConfigEnv([]byte(yaml), lookup)
-	if err != nil {
-		return cfg, err
-	}
-	if err := cfg.ApplyEnv(lookup); err != nil {
-		return cfg, err
-	}
-	cfg = cfg.WithDefaults()
-	return cfg, cfg.Validate()
-}
-
 func TestConfig_FromYAMLAndEnvWithDefaults(t *testing.T) {
 	t.Parallel()
-	cfg, err := parse(t, "broker: rabbitmq\nrabbitmq:\n  url: amqp://app:s3cret@mq:5672/orders\n  shards: 8\n  heartbeat: 5s\n  groups: [billing, shipping]\n", nil)
+	cfg, err := testenv.ParseConfig("broker: rabbitmq\nrabbitmq:\n  url: amqp://app:s3cret@mq:5672/orders\n  shards: 8\n  heartbeat: 5s\n  groups: [billing, shipping]\n", nil)
 	require.NoError(t, err)
 	r := rabbitmq.Section(cfg)
 	assert.Equal(t, "amqp://app:s3cret@mq:5672/orders", r.URL)
@@ -41,7 +28,7 @@ func TestConfig_FromYAMLAndEnvWithDefaults(t *testing.T) {
 	assert.Contains(t, printed, "amqp://app:REDACTED@mq:5672/orders")
 	assert.NotContains(t, printed, "s3cret")
 
-	cfg, err = parse(t, "broker: rabbitmq\n", map[string]string{
+	cfg, err = testenv.ParseConfig("broker: rabbitmq\n", map[string]string{
 		"OMNIBUS_RABBITMQ_URL": "amqps://u:p@mq.internal:5671/", "OMNIBUS_RABBITMQ_SHARDS": "4", "OMNIBUS_RABBITMQ_PREFETCH": "10",
 	})
 	require.NoError(t, err)
@@ -50,7 +37,7 @@ func TestConfig_FromYAMLAndEnvWithDefaults(t *testing.T) {
 	assert.Equal(t, 4, r.Shards)
 	assert.Equal(t, 10, r.Prefetch)
 
-	cfg, err = parse(t, "broker: rabbitmq\n", nil)
+	cfg, err = testenv.ParseConfig("broker: rabbitmq\n", nil)
 	require.NoError(t, err)
 	assert.Equal(t, rabbitmq.DefaultURL, rabbitmq.Section(cfg).URL)
 	assert.Equal(t, rabbitmq.DefaultShards, rabbitmq.Section(cfg).Shards)
@@ -69,7 +56,7 @@ func TestConfig_BadValuesNameTheKeyAndHideThePassword(t *testing.T) {
 		{"queue_expires: 10ms", "rabbitmq.queue_expires", "under 1s"},
 		{"tls_ca_file: /nonexistent.pem", "rabbitmq.tls_ca_file", "no such file"},
 	} {
-		_, err := parse(t, "broker: rabbitmq\nrabbitmq:\n  "+c.yaml+"\n", nil)
+		_, err := testenv.ParseConfig("broker: rabbitmq\nrabbitmq:\n  "+c.yaml+"\n", nil)
 		require.Error(t, err, c.yaml)
 		assert.ErrorIs(t, err, bus.ErrInvalidConfig, c.yaml)
 		assert.Contains(t, err.Error(), c.key+": ", c.yaml)

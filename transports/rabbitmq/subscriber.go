@@ -417,20 +417,16 @@ func (ss *session) handOut(e *entry) (again bool) {
 		return false
 	case <-msg.Nacked():
 		sub.s.stats.nacked.Add(1)
-		st, ok := bus.SettlementFromContext(ctx)
-		if ok && st.GiveUp {
-			ss.deadLetter(e, bus.DeadLetterReasonGaveUp, st.Error, st.Class)
+		r := bus.RedeliveryOf(ctx, sub.cfg.NackDelay)
+		if r.GiveUp {
+			ss.deadLetter(e, bus.DeadLetterReasonGaveUp, r.Settlement.Error, r.Settlement.Class)
 			return false
 		}
-		due := st.RetryAt
-		if !ok || due.IsZero() {
-			due = time.Now().Add(sub.cfg.NackDelay)
-		}
-		if !ok || st.Class != bus.ClassTransient {
+		if r.Counted {
 			e.attempts++
 		}
 		select {
-		case <-time.After(time.Until(due)):
+		case <-time.After(time.Until(r.Due)):
 			return true
 		case <-ss.ctx.Done():
 			return false

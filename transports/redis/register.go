@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/tlsconf"
 )
 
 func init() {
@@ -167,10 +167,8 @@ func (c *Config) validate() error {
 	if ce := (*bus.ConfigError)(nil); errors.As(c.checkCAFile(), &ce) {
 		ck.Fail("tls_ca_file", "%s", ce.Reason)
 	}
-	if n := c.TLSServerName; n != "" {
-		if _, _, err := net.SplitHostPort(n); err == nil || strings.ContainsAny(n, " \t/") {
-			ck.Fail("tls_server_name", "%q is not a host name (no port, scheme or spaces)", n)
-		}
+	if err := tlsconf.CheckServerName(c.TLSServerName); err != nil {
+		ck.Fail("tls_server_name", "%v", err)
 	}
 	return ck.Err()
 }

@@ -16,23 +16,9 @@ import (
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
 
-func parse(t *testing.T, yaml string, env map[string]string) (bus.Config, error) {
-	t.Helper()
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	cfg, err := bus.ParseConfigEnv([]byte(yaml), lookup)
-	if err != nil {
-		return cfg, err
-	}
-	if err := cfg.ApplyEnv(lookup); err != nil {
-		return cfg, err
-	}
-	cfg = cfg.WithDefaults()
-	return cfg, cfg.Validate()
-}
-
 // The sharding and cluster keys work from YAML and from the environment.
 func TestConfig_ShardsAndClusterFromYAMLAndEnv(t *testing.T) {
-	cfg, err := parse(t, "broker: redis\nredis:\n  cluster_addrs: [127.0.0.1:7001, 127.0.0.1:7002]\n  shards: 8\n  shard_lease: 3s\n", nil)
+	cfg, err := testenv.ParseConfig("broker: redis\nredis:\n  cluster_addrs: [127.0.0.1:7001, 127.0.0.1:7002]\n  shards: 8\n  shard_lease: 3s\n", nil)
 	require.NoError(t, err)
 	r := omniredis.Section(cfg)
 	assert.Equal(t, []string{"127.0.0.1:7001", "127.0.0.1:7002"}, r.ClusterAddrs)
@@ -40,7 +26,7 @@ func TestConfig_ShardsAndClusterFromYAMLAndEnv(t *testing.T) {
 	assert.Equal(t, 8, r.Shards)
 	assert.Equal(t, 3*time.Second, r.ShardLease)
 
-	cfg, err = parse(t, "broker: redis\n", map[string]string{
+	cfg, err = testenv.ParseConfig("broker: redis\n", map[string]string{
 		"OMNIBUS_REDIS_SHARDS": "16", "OMNIBUS_REDIS_SHARD_LEASE": "2s",
 		"OMNIBUS_REDIS_CLUSTER_ADDRS": "127.0.0.1:7001,127.0.0.1:7003",
 	})
@@ -50,7 +36,7 @@ func TestConfig_ShardsAndClusterFromYAMLAndEnv(t *testing.T) {
 	assert.Equal(t, 2*time.Second, r.ShardLease)
 	assert.Equal(t, []string{"127.0.0.1:7001", "127.0.0.1:7003"}, r.ClusterAddrs)
 
-	cfg, err = parse(t, "broker: redis\n", nil)
+	cfg, err = testenv.ParseConfig("broker: redis\n", nil)
 	require.NoError(t, err)
 	r = omniredis.Section(cfg)
 	assert.Equal(t, omniredis.DefaultShards, r.Shards)
@@ -65,7 +51,7 @@ func TestConfig_BadShardingAndClusterValuesNameTheKey(t *testing.T) {
 		{"redis:\n  addr: 127.0.0.1:6379\n  cluster_addrs: [127.0.0.1:7001]\n", "redis.cluster_addrs", "together with redis.addr"},
 		{"redis:\n  cluster_addrs: [nonsense]\n", "redis.cluster_addrs[0]", "not host:port"},
 	} {
-		_, err := parse(t, "broker: redis\n"+tc.yaml, nil)
+		_, err := testenv.ParseConfig("broker: redis\n"+tc.yaml, nil)
 		require.Error(t, err, tc.yaml)
 		assert.ErrorIs(t, err, bus.ErrInvalidConfig)
 		assert.Contains(t, err.Error(), tc.key+":", tc.yaml)
@@ -77,7 +63,7 @@ func TestConfig_BadShardingAndClusterValuesNameTheKey(t *testing.T) {
 // streams spread over the nodes.
 func TestBroker_ClusterAddrsOpensAClusterClient(t *testing.T) {
 	e := newClusterEnv(t)
-	cfg, err := parse(t, "broker: redis\n", map[string]string{
+	cfg, err := testenv.ParseConfig("broker: redis\n", map[string]string{
 		"OMNIBUS_REDIS_CLUSTER_ADDRS": strings.Join(testenv.RedisClusterAddrs(), ","),
 		"OMNIBUS_REDIS_STREAM_PREFIX": e.prefix, "OMNIBUS_REDIS_SHARDS": "8",
 	})

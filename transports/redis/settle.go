@@ -16,14 +16,11 @@ import (
 // settle applies the settlement of a nacked entry. It returns true when the
 // entry is due for redelivery, false when it is finished with.
 func (sub *subscription) settle(e *entry, st bus.Settlement, ok bool) bool {
-	if ok && st.GiveUp {
+	r := bus.RedeliveryFor(st, ok, sub.cfg.NackDelay)
+	if r.GiveUp {
 		return sub.giveUp(e, st)
 	}
-	due := st.RetryAt
-	if !ok || due.IsZero() {
-		due = time.Now().Add(sub.cfg.NackDelay)
-	}
-	counted := !ok || st.Class != bus.ClassTransient
+	due, counted := r.Due, r.Counted
 	sub.mu.Lock()
 	e.waiting, e.dueAt, e.counted = true, due, counted
 	sub.mu.Unlock()
