@@ -23,7 +23,6 @@ import (
 
 	"github.com/omnibus-go/omnibus/bus"
 	"github.com/omnibus-go/omnibus/examples/internal/example"
-	"github.com/omnibus-go/omnibus/processors"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 	"github.com/omnibus-go/omnibus/transports/rabbitmq"
 )
@@ -113,21 +112,8 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pub.Close()
-	relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
-		Publisher:  pub,
-		Subscriber: postgres.SubscriberConfig{Table: outboxTable},
-	}, logger)
+	perConsumer, err := example.RelayInOrder(ctx, pool, pub, outboxTable, logger, arrived, total, steps)
 	if err != nil {
-		return err
-	}
-	running := example.Start(ctx, relay)
-	defer running.Stop()
-
-	perConsumer, err := example.InOrder(ctx, arrived, total, steps)
-	if err != nil {
-		return err
-	}
-	if err := running.Stop(); err != nil {
 		return err
 	}
 	for _, s := range subs {

@@ -3,6 +3,13 @@ package example
 import (
 	"context"
 	"fmt"
+	"log/slog"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/omnibus-go/omnibus/processors"
+	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
 // Arrival is one event a consumer received: the order id it is keyed by and
@@ -31,4 +38,25 @@ func InOrder(ctx context.Context, arrived <-chan Arrival, total int, steps []str
 		}
 	}
 	return perConsumer, nil
+}
+
+// RelayInOrder runs an outbox relay from outboxTable to pub until total
+// events have arrived, checks them with InOrder, and stops the relay. It
+// returns how many each consumer handled.
+func RelayInOrder(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, outboxTable string, logger *slog.Logger,
+	arrived <-chan Arrival, total int, steps []string) (map[string]int, error) {
+	relay, err := processors.NewOutboxRelay(pool, processors.OutboxRelayConfig{
+		Publisher:  pub,
+		Subscriber: postgres.SubscriberConfig{Table: outboxTable},
+	}, logger)
+	if err != nil {
+		return nil, err
+	}
+	running := Start(ctx, relay)
+	defer running.Stop()
+	perConsumer, err := InOrder(ctx, arrived, total, steps)
+	if err != nil {
+		return nil, err
+	}
+	return perConsumer, running.Stop()
 }
