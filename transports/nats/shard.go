@@ -41,6 +41,8 @@ type shard struct {
 	// the shard by then.
 	leaseUntil atomic.Int64
 
+	// taken is the record as the lease was taken: where reading starts.
+	taken record
 	// Used by keep (and by run once keep has ended).
 	rec record
 	rev uint64
@@ -72,7 +74,7 @@ func (g *group) start(i int, key string, rec record, rev uint64, sent time.Time)
 		g: g, i: i, key: key, subject: shardSubject(g.base, i),
 		logger: g.logger.With("shard", i, "lease", rec.Leases),
 		done:   make(chan struct{}),
-		rec:    rec, rev: rev, floor: rec.Floor,
+		taken:  rec, rec: rec, rev: rev, floor: rec.Floor,
 		sem:  make(chan struct{}, cfg.Prefetch),
 		keys: map[string][]*entry{},
 	}
@@ -195,8 +197,8 @@ func (sh *shard) valid() bool {
 func (sh *shard) read() error {
 	cfg := &sh.g.s.cfg
 	occ := jetstream.OrderedConsumerConfig{FilterSubjects: []string{sh.subject}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if sh.rec.Floor > 0 {
-		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sh.rec.Floor+1
+	if sh.taken.Floor > 0 {
+		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sh.taken.Floor+1
 	}
 	cons, err := sh.g.js.OrderedConsumer(sh.soft, sh.g.stream, occ)
 	if err != nil {
@@ -209,7 +211,7 @@ func (sh *shard) read() error {
 	defer it.Stop()
 	stop := context.AfterFunc(sh.soft, it.Stop)
 	defer stop()
-	stuck := sh.rec.Stuck
+	stuck := sh.taken.Stuck
 	for {
 		select {
 		case sh.sem <- struct{}{}:
