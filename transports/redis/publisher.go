@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -190,6 +191,13 @@ func valueLen(v any) int {
 }
 
 // run sends the queued requests, as many as fit in one pipeline at a time.
+// When the queue runs dry before the pipeline is full it yields the
+// processor a few times first: the callers whose last pipeline just came
+// back are about to queue their next message, and one pipeline that carries
+// them all costs Redis and the network far less than several small ones
+// (measured: 55-62 % of a raw pipeline loop without the yields, 65-74 %
+// with them, BenchmarkPublish). A yield is not a timer: with nobody else
+// runnable it returns at once, so a lone caller waits for nothing.
 func (p *Publisher) run() {
 	defer p.workers.Done()
 	batch := make([]*publishRequest, 0, 64)
@@ -201,6 +209,7 @@ func (p *Publisher) run() {
 			return
 		}
 		n := len(batch[0].entries)
+		yields := 0 // at most fillYields
 	fill:
 		for n < p.cfg.BatchSize {
 			select {
@@ -208,13 +217,20 @@ func (p *Publisher) run() {
 				batch = append(batch, req)
 				n += len(req.entries)
 			default:
-				break fill
+				if yields == fillYields {
+					break fill
+				}
+				yields++
+				runtime.Gosched()
 			}
 		}
 		p.send(batch)
 		clear(batch)
 	}
 }
+
+// fillYields is how many times run yields for a pipeline that is not full.
+const fillYields = 4
 
 func (p *Publisher) send(batch []*publishRequest) {
 	ctx := context.Background()
