@@ -53,6 +53,43 @@ func TestWatermillLogger_RouterLineOfASettledFailureGoesToDebug(t *testing.T) {
 	}
 }
 
+// TestWatermillLogger_LevelsTheLoggerDropsCostNothing: lines of a level the
+// slog logger does not log are dropped before Watermill's adapter builds
+// their attributes (the router logs Trace lines for every message); the
+// levels it does log still arrive, Trace as Debug-4.
+func TestWatermillLogger_LevelsTheLoggerDropsCostNothing(t *testing.T) {
+	// Not parallel: AllocsPerRun counts the whole process's allocations.
+	var got []slog.Record
+	h := levelHandler{recordHandler: recordHandler{f: func(r slog.Record) { got = append(got, r) }}, min: slog.LevelInfo}
+	a := bus.WatermillLogger(slog.New(h)).With(watermill.LogFields{"handler_name": "h"})
+	fields := watermill.LogFields{"message_uuid": "m", "topic": "t"}
+	allocs := testing.AllocsPerRun(100, func() {
+		a.Trace("Received message", fields)
+		a.Debug("Message acked", fields)
+	})
+	assert.Zero(t, allocs, "allocations per dropped Trace and Debug line")
+	assert.Empty(t, got)
+
+	a.Info("Starting handler", fields)
+	h.min = slog.LevelDebug - 4
+	bus.WatermillLogger(slog.New(h)).Trace("Received message", fields)
+	if assert.Len(t, got, 2) {
+		assert.Equal(t, slog.LevelInfo, got[0].Level)
+		assert.Equal(t, slog.LevelDebug-4, got[1].Level)
+	}
+}
+
+// levelHandler is a recordHandler that logs from min up.
+type levelHandler struct {
+	recordHandler
+	min slog.Level
+}
+
+func (h levelHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.min }
+func (h levelHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return levelHandler{recordHandler: h.recordHandler.WithAttrs(as).(recordHandler), min: h.min}
+}
+
 // recordHandler hands each record, with the attributes of With, to f.
 type recordHandler struct {
 	f     func(slog.Record)
