@@ -47,15 +47,18 @@ const (
 	DefaultRelayLease         = 30 * time.Second
 	DefaultRelayPollInterval  = time.Second
 	DefaultRelaySweepInterval = time.Minute
-	DefaultRelayTimeout       = 30 * time.Second
-	DefaultRelayFailedPolicy  = "skip"
-	DefaultBreakerThreshold   = 5
-	DefaultBreakerOpenTimeout = 5 * time.Second
-	DefaultRelayCloseTimeout  = 30 * time.Second
-	DefaultLogLevel           = "info"
-	DefaultLogFormat          = "text"
-	DefaultMetricsAddr        = "127.0.0.1:9464"
-	DefaultTraces             = TracesOff
+	// DefaultRelayVacuumInterval is how often relays and dispatchers vacuum
+	// the lanes and notes tables of their table.
+	DefaultRelayVacuumInterval = 10 * time.Second
+	DefaultRelayTimeout        = 30 * time.Second
+	DefaultRelayFailedPolicy   = "skip"
+	DefaultBreakerThreshold    = 5
+	DefaultBreakerOpenTimeout  = 5 * time.Second
+	DefaultRelayCloseTimeout   = 30 * time.Second
+	DefaultLogLevel            = "info"
+	DefaultLogFormat           = "text"
+	DefaultMetricsAddr         = "127.0.0.1:9464"
+	DefaultTraces              = TracesOff
 	// TracesOff and TracesOTLP are the values of observability.traces.
 	TracesOff  = "off"
 	TracesOTLP = "otlp"
@@ -258,6 +261,11 @@ type RelayConfig struct {
 	// inserted with the lane trigger disabled, lanes deleted by hand).
 	// Default DefaultRelaySweepInterval; negative turns the sweep off.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
+	// VacuumInterval is how often the relay vacuums the lanes and notes
+	// tables of its table (small tables every lease and new key writes to;
+	// docs/operations.md, "Vacuum"). Default DefaultRelayVacuumInterval;
+	// negative turns it off.
+	VacuumInterval time.Duration `yaml:"vacuum_interval"`
 	// Timeout bounds one publish or handler call; a timeout is transient.
 	// Default DefaultRelayTimeout.
 	Timeout time.Duration `yaml:"timeout"`
@@ -815,6 +823,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.Relay.Lease, DefaultRelayLease)
 	setDefault(&c.Relay.PollInterval, DefaultRelayPollInterval)
 	setDefault(&c.Relay.SweepInterval, DefaultRelaySweepInterval)
+	setDefault(&c.Relay.VacuumInterval, DefaultRelayVacuumInterval)
 	setDefault(&c.Relay.Timeout, DefaultRelayTimeout)
 	setDefault(&c.Relay.FailedPolicy, DefaultRelayFailedPolicy)
 	setDefault(&c.Relay.BreakerThreshold, DefaultBreakerThreshold)

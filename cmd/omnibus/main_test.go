@@ -596,6 +596,7 @@ func TestConfigDefaultsMatchTheTransports(t *testing.T) {
 	assert.Equal(t, postgres.DefaultLease, bus.DefaultRelayLease)
 	assert.Equal(t, postgres.DefaultPollInterval, bus.DefaultRelayPollInterval)
 	assert.Equal(t, postgres.DefaultSweepInterval, bus.DefaultRelaySweepInterval)
+	assert.Equal(t, postgres.DefaultVacuumInterval, bus.DefaultRelayVacuumInterval)
 	assert.Equal(t, postgres.DefaultCloseTimeout, bus.DefaultRelayCloseTimeout)
 	assert.Equal(t, postgres.DefaultTransientDelay, bus.DefaultTransientDelay)
 	assert.Equal(t, middleware.DefaultBase, bus.DefaultRetryBase)

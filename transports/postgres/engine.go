@@ -708,11 +708,22 @@ func (e *engine) recompute(ctx context.Context, tx pgx.Tx, lanes []laneKey, last
 // worker (lost); lanes it skipped because a writer was locking them are in
 // neither and keep their old deadline.
 func (e *engine) extend(ctx context.Context, ids []int64, lanes []laneKey) (renewed, lost []laneKey, err error) {
+	// The lanes are renewed even when the rows' renewal fails: a lane whose
+	// lease lapses stops its run (unitLease), and every key in flight would
+	// wait for a new fetch.
+	var rowsErr error
 	if len(ids) > 0 {
 		if _, err := e.pool.Exec(ctx, e.q.extendRows, e.worker, e.lease, ids); err != nil {
-			return nil, nil, fmt.Errorf("extend leases of %d rows of %q: %w", len(ids), e.q.table, err)
+			rowsErr = fmt.Errorf("extend leases of %d rows of %q: %w", len(ids), e.q.table, err)
 		}
 	}
+	renewed, lost, err = e.extendLanes(ctx, lanes)
+	return renewed, lost, errors.Join(rowsErr, err)
+}
+
+// extendLanes renews the leases of lanes and reports which were renewed and
+// which another worker holds now.
+func (e *engine) extendLanes(ctx context.Context, lanes []laneKey) (renewed, lost []laneKey, err error) {
 	if len(lanes) == 0 {
 		return nil, nil, nil
 	}
@@ -773,6 +784,16 @@ func (e *engine) sweep(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("sweep lanes of %q: %w", e.q.table, err)
 	}
 	return n, nil
+}
+
+// vacuum vacuums the table's lanes and notes tables (queries.vacuum). A
+// role that does not own them gets a warning from PostgreSQL, not an error,
+// and vacuums nothing; autovacuum's settings (migration 0006) then do it.
+func (e *engine) vacuum(ctx context.Context) error {
+	if _, err := e.pool.Exec(ctx, e.q.vacuum); err != nil {
+		return fmt.Errorf("vacuum lanes of %q: %w", e.q.table, err)
+	}
+	return nil
 }
 
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {

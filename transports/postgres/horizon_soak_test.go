@@ -3,8 +3,10 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -33,7 +35,8 @@ import (
 // and its lanes table. It asserts what must never happen (a committed row
 // not delivered, a key delivered out of order); the figures are for
 // docs/benchmarks.md, not assertions. OMNIBUS_HORIZON_DURATION (default
-// 20m) sets how long the writers write.
+// 20m) sets how long the writers write, OMNIBUS_HORIZON_VACUUM the relay's
+// VacuumInterval (default DefaultVacuumInterval; -1s turns it off).
 func TestPinnedHorizonStand(t *testing.T) {
 	duration := 20 * time.Minute
 	if s := os.Getenv("OMNIBUS_HORIZON_DURATION"); s != "" {
@@ -42,6 +45,12 @@ func TestPinnedHorizonStand(t *testing.T) {
 		require.NoError(t, err, "OMNIBUS_HORIZON_DURATION")
 	}
 	pin := os.Getenv("OMNIBUS_HORIZON_PIN") != "off"
+	var vacuum time.Duration // the relay's VacuumInterval: its default unless OMNIBUS_HORIZON_VACUUM says
+	if s := os.Getenv("OMNIBUS_HORIZON_VACUUM"); s != "" {
+		var err error
+		vacuum, err = time.ParseDuration(s)
+		require.NoError(t, err, "OMNIBUS_HORIZON_VACUUM")
+	}
 	const writers, keysPerTx, keys = 6, 3, 1000
 
 	pool, ob := newOutbox(t)
@@ -50,13 +59,16 @@ func TestPinnedHorizonStand(t *testing.T) {
 	tn := ob.q.table
 	var autovacuum string
 	require.NoError(t, pool.QueryRow(ctx, `SHOW autovacuum`).Scan(&autovacuum))
-	t.Logf("stand: %s, %d writers × %d keys per transaction over %d keys, horizon pinned: %v, autovacuum: %s",
-		duration, writers, keysPerTx, keys, pin, autovacuum)
+	t.Logf("stand: %s, %d writers × %d keys per transaction over %d keys, horizon pinned: %v, autovacuum: %s, relay vacuum interval: %s",
+		duration, writers, keysPerTx, keys, pin, autovacuum, cmp.Or(vacuum, DefaultVacuumInterval))
 
 	m := &minute{}
 	var fetches fetchObserver
 	fetches.m = m
-	sub, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), WorkerID: "relay", Observer: &fetches}, nil)
+	// The relay's own warnings and notices (leases lost, slow vacuums) go to
+	// the stand's output.
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	sub, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), WorkerID: "relay", Observer: &fetches, VacuumInterval: vacuum}, logger)
 	require.NoError(t, err)
 	defer sub.Close()
 	msgs, err := sub.Subscribe(ctx, AllTopics)

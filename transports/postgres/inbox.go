@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/omnibus-go/omnibus/bus"
 )
@@ -148,7 +149,7 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 	n := len(msgs)
 	var (
 		msgIDs   = make([]string, n)
-		eventIDs = make([]*uuid.UUID, n)
+		eventIDs = make([]pgtype.UUID, n) // not []*uuid.UUID: pgx encodes those element by element through reflection and driver.Valuer
 		topics   = make([]string, n)
 		keys     = make([]*string, n)
 		types    = make([]*string, n)
@@ -171,7 +172,10 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 		if err != nil {
 			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
 		}
-		msgIDs[i], eventIDs[i], topics[i], keys[i], types[i] = r.messageID, r.eventID, r.topic, r.key, r.eventType
+		msgIDs[i], topics[i], keys[i], types[i] = r.messageID, r.topic, r.key, r.eventType
+		if r.eventID != nil {
+			eventIDs[i] = pgtype.UUID{Bytes: *r.eventID, Valid: true}
+		}
 		payloads[i], metas[i], attempts[i] = r.payload, r.metadata, r.maxAttempts
 	}
 	rows, err := db.Query(ctx, in.q.insertInbox, opts.Group, msgIDs, eventIDs, topics, keys, types, payloads, metas, attempts,

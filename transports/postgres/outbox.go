@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/omnibus-go/omnibus/bus"
 )
@@ -165,7 +166,7 @@ func (o *Outbox) Enqueue(ctx context.Context, db DB, topic string, msgs ...*mess
 
 // outboxRows are the columns of the events of one Enqueue call, checked.
 type outboxRows struct {
-	ids       []uuid.UUID
+	ids       []pgtype.UUID // not []uuid.UUID: pgx encodes those element by element through driver.Valuer (40× the time)
 	keys      []*string
 	types     []*string
 	payloads  [][]byte
@@ -187,7 +188,7 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 	topicErr := bus.ValidateTopic(topic)
 	n := len(msgs)
 	r := &outboxRows{
-		ids:       make([]uuid.UUID, n),
+		ids:       make([]pgtype.UUID, n),
 		keys:      make([]*string, n),
 		types:     make([]*string, n),
 		payloads:  make([][]byte, n),
@@ -208,7 +209,7 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 		if err != nil {
 			return nil, bad("UUID", "not a UUID (the outbox keys events by UUID)")
 		}
-		ids[i] = id
+		ids[i] = pgtype.UUID{Bytes: id, Valid: true}
 		var terr *bus.TopicError
 		if errors.As(topicErr, &terr) {
 			return nil, fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: "topic", Why: terr.Error(), Err: terr})

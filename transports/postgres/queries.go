@@ -35,6 +35,7 @@ type queries struct {
 	extendRows   string
 	extendLanes  string
 	sweep        string
+	vacuum       string
 	completeRow  string
 	lockTimeout  string
 	notify       string
@@ -67,6 +68,7 @@ func newQueries(t tableName, inbox bool) *queries {
 		extendRows:  r.sql("ExtendRows"),
 		extendLanes: r.sql("ExtendLanes"),
 		sweep:       r.sql("SweepLanes"),
+		vacuum:      r.sql("VacuumLanes"),
 		completeRow: r.sql("CompleteRow"),
 		lockTimeout: r.sql("SetLockTimeout"),
 		notify:      r.sql("Notify"),

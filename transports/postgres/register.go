@@ -111,7 +111,7 @@ func (p queuePublisher) Publish(topic string, msgs ...*message.Message) error {
 func (queuePublisher) Close() error { return nil }
 
 // SubscriberFromConfig returns base with the fetch settings of cfg.Relay and
-// cfg.Retry applied (batch size, run length, lease, poll interval, sweep interval, failed
+// cfg.Retry applied (batch size, run length, lease, poll interval, sweep and vacuum intervals, failed
 // policy, close timeout, transient delay): how the omnibus package and the
 // omnibus command configure the relay's and the dispatcher's subscribers.
 func SubscriberFromConfig(cfg bus.Config, base SubscriberConfig) SubscriberConfig {
@@ -121,6 +121,7 @@ func SubscriberFromConfig(cfg bus.Config, base SubscriberConfig) SubscriberConfi
 	base.Lease = cfg.Relay.Lease
 	base.PollInterval = cfg.Relay.PollInterval
 	base.SweepInterval = cfg.Relay.SweepInterval
+	base.VacuumInterval = cfg.Relay.VacuumInterval
 	base.CloseTimeout = cfg.Relay.CloseTimeout
 	base.TransientDelay = cfg.Retry.TransientDelay
 	if cfg.Relay.FailedPolicy == "block" {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 )
 
 // SQLExecutor is what omnibus needs of a database/sql data layer: the
@@ -42,7 +43,7 @@ func (o *Outbox) EnqueueSQL(ctx context.Context, db SQLExecutor, topic string, m
 	n := len(rows.ids)
 	ids := make([]string, n)
 	for i, id := range rows.ids {
-		ids[i] = id.String()
+		ids[i] = uuid.UUID(id.Bytes).String()
 	}
 	attempts := make([]string, n)
 	for i, a := range rows.attempts {

@@ -42,6 +42,9 @@ const (
 	DefaultSettleInterval = 2 * time.Millisecond
 	DefaultSettleBatch    = 1000
 	DefaultSweepInterval  = time.Minute
+	// DefaultVacuumInterval is how often a Subscriber vacuums the lanes
+	// and notes tables of its table.
+	DefaultVacuumInterval = 10 * time.Second
 	DefaultCloseTimeout   = 30 * time.Second
 	DefaultTransientDelay = time.Second
 	DefaultMaxErrorLength = 2048
@@ -98,6 +101,13 @@ type SubscriberConfig struct {
 	// SweepInterval is how often missing lanes are recreated. Default
 	// DefaultSweepInterval; negative turns the sweep off.
 	SweepInterval time.Duration
+	// VacuumInterval is how often the lanes and notes tables of Table are
+	// vacuumed (both are small, and every lease, give-back and new key
+	// leaves a dead version in them; docs/operations.md, "Vacuum"). It
+	// takes a role that owns them; for another, PostgreSQL vacuums
+	// nothing and autovacuum does it. Default DefaultVacuumInterval;
+	// negative turns it off.
+	VacuumInterval time.Duration
 	// CloseTimeout is how long Close waits for in-flight messages; after it
 	// their rows are released for another worker. Default DefaultCloseTimeout.
 	CloseTimeout time.Duration
@@ -144,6 +154,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.SettleBatch == 0 {
 		c.SettleBatch = DefaultSettleBatch
+	}
+	if c.VacuumInterval == 0 {
+		c.VacuumInterval = DefaultVacuumInterval
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval
@@ -270,9 +283,10 @@ func NewSubscriber(pool *pgxpool.Pool, cfg SubscriberConfig, logger *slog.Logger
 		tracked: newTracker(),
 	}
 	s.flush = newFlusher(s)
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.flush.run()
 	go s.maintain()
+	go s.vacuum()
 	return s, nil
 }
 
@@ -322,6 +336,40 @@ func (s *Subscriber) Close() error {
 	close(s.flush.stop)
 	s.wg.Wait()
 	return nil
+}
+
+// vacuum vacuums the lanes and notes tables every VacuumInterval until
+// Close, in a goroutine of its own: a vacuum of tables bloated behind a
+// pinned horizon can take long, and must not delay lease renewals.
+func (s *Subscriber) vacuum() {
+	defer s.wg.Done()
+	if s.cfg.VacuumInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(s.cfg.VacuumInterval)
+	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			start := time.Now()
+			err := s.eng.vacuum(ctx)
+			switch took := time.Since(start); {
+			case err != nil && ctx.Err() == nil:
+				s.log.Warn("omnibus: vacuum of the lanes and notes tables failed", "error", err)
+			case took > s.cfg.VacuumInterval:
+				s.log.Info("omnibus: vacuum of the lanes and notes tables took longer than its interval (a long transaction may be holding the xmin horizon)",
+					"took", took.Round(time.Millisecond), "interval", s.cfg.VacuumInterval)
+			}
+		}
+	}
 }
 
 // wakeAll signals every subscription to fetch now.

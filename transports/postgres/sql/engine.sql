@@ -56,9 +56,16 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
 -- writers never wait for this statement, nor it for them; it takes the lane
 -- rows in key order, so two relays taking notes wait for each other at
 -- most.
+--
+-- The notes are chosen into an array, not joined: the notes table's
+-- statistics swing between empty and thousands of rows, and a plan made
+-- while it looked empty (a nested loop re-reading the table for each note)
+-- took up to 11 s per fetch once thousands had piled up (seen after a
+-- vacuum in make soak-horizon). id = ANY(array) is read from the primary
+-- key, or hashed in a scan, whatever the estimate.
 WITH n AS (
     DELETE FROM {N} n
-    WHERE n.id IN (SELECT x.id FROM {N} x ORDER BY x.id LIMIT 1000 FOR UPDATE SKIP LOCKED)
+    WHERE n.id = ANY(ARRAY(SELECT x.id FROM {N} x ORDER BY x.id LIMIT 1000 FOR UPDATE SKIP LOCKED))
     RETURNING n.consumer_group, n.topic, n.partition_key, n.ready_at
 )
 INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at)
@@ -447,8 +454,19 @@ WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
   AND l.locked_by = $1
 
 -- name: ExtendRows
-UPDATE {T} SET locked_until = now() + $2::interval
-WHERE id = ANY($3::bigint[]) AND locked_by = $1
+-- Rows another statement holds are skipped, not waited for: a settlement
+-- or a next run of this worker that holds them is about to end their lease
+-- anyway, and waiting would make a cycle with it (the rows of a batch are
+-- locked in another order there: seen as deadlocks under load, and a failed
+-- renewal stalls every key in flight until the next one). A skipped row is
+-- renewed by the next renewal if it still needs one.
+UPDATE {T} t SET locked_until = now() + $2::interval
+FROM (
+    SELECT c.id FROM {T} c
+    WHERE c.id = ANY($3::bigint[]) AND c.locked_by = $1
+    FOR NO KEY UPDATE SKIP LOCKED
+) c
+WHERE t.id = c.id
 
 -- name: ExtendLanes
 -- Lanes a writer is holding are skipped, not waited for.
@@ -486,3 +504,15 @@ ON CONFLICT DO NOTHING
 UPDATE {T}
 SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL, attempts = attempts - 1
 WHERE id = $1 AND locked_by = $2 AND status = 'pending' AND attempts = $3
+
+-- name: VacuumLanes
+-- Subscriber.maintain vacuums the small tables every lease, give-back and
+-- new key writes to (SubscriberConfig.VacuumInterval): a few pages each,
+-- and without it their dead versions pile up whenever autovacuum is off,
+-- busy elsewhere or waiting for its threshold, and every writer's lookup
+-- and every fetch walks them (docs/operations.md, "Vacuum"). SKIP_LOCKED:
+-- a table another vacuum holds is skipped, not waited for. TRUNCATE false:
+-- giving empty pages at the end back to the file system takes an ACCESS
+-- EXCLUSIVE lock, which would stop every writer and fetch for its length;
+-- the pages are reused by the next lanes and notes instead.
+VACUUM (SKIP_LOCKED, TRUNCATE false) {L}, {N}
