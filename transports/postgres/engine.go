@@ -776,6 +776,12 @@ func (e *engine) sweep(ctx context.Context) (int64, error) {
 		if _, err := tx.Exec(ctx, e.q.lockTimeout, "200ms"); err != nil {
 			return err
 		}
+		// Writers' notes not taken yet are not missing lanes: take them
+		// first, so the count (and the log line) is only of lanes that
+		// were really gone.
+		if _, err := tx.Exec(ctx, e.q.takeNotes); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, e.q.sweep)
 		n = tag.RowsAffected()
 		return err
