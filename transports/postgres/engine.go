@@ -792,14 +792,25 @@ func (e *engine) sweep(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-// vacuum vacuums the table's lanes and notes tables (queries.vacuum). A
-// role that does not own them gets a warning from PostgreSQL, not an error,
-// and vacuums nothing; autovacuum's settings (migration 0006) then do it.
-func (e *engine) vacuum(ctx context.Context) error {
-	if _, err := e.pool.Exec(ctx, e.q.vacuum); err != nil {
-		return fmt.Errorf("vacuum lanes of %q: %w", e.q.table, err)
+// vacuum vacuums the table's lanes and notes tables (queries.vacuum),
+// unless both were vacuumed within the last interval (by another relay of
+// the fleet, or autovacuum); it reports whether it did. A role that does
+// not own them gets a warning from PostgreSQL, not an error, and vacuums
+// nothing; autovacuum's settings (migration 0006) then do it.
+func (e *engine) vacuum(ctx context.Context, interval time.Duration) (bool, error) {
+	var recent bool
+	err := e.pool.QueryRow(ctx, e.q.vacuumedAgo, interval,
+		e.q.table.derived("_lanes").quoted(), e.q.table.derived("_notes").quoted()).Scan(&recent)
+	if err != nil {
+		return false, fmt.Errorf("vacuum lanes of %q: when were they vacuumed: %w", e.q.table, err)
 	}
-	return nil
+	if recent {
+		return false, nil
+	}
+	if _, err := e.pool.Exec(ctx, e.q.vacuum); err != nil {
+		return false, fmt.Errorf("vacuum lanes of %q: %w", e.q.table, err)
+	}
+	return true, nil
 }
 
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {

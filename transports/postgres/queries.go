@@ -36,6 +36,7 @@ type queries struct {
 	extendLanes  string
 	sweep        string
 	vacuum       string
+	vacuumedAgo  string
 	completeRow  string
 	lockTimeout  string
 	notify       string
@@ -69,6 +70,7 @@ func newQueries(t tableName, inbox bool) *queries {
 		extendLanes: r.sql("ExtendLanes"),
 		sweep:       r.sql("SweepLanes"),
 		vacuum:      r.sql("VacuumLanes"),
+		vacuumedAgo: r.sql("LanesVacuumedSince"),
 		completeRow: r.sql("CompleteRow"),
 		lockTimeout: r.sql("SetLockTimeout"),
 		notify:      r.sql("Notify"),

@@ -339,7 +339,8 @@ func (s *Subscriber) Close() error {
 }
 
 // vacuum vacuums the lanes and notes tables every VacuumInterval until
-// Close, in a goroutine of its own: a vacuum of tables bloated behind a
+// Close (skipping a turn when another process just did), in a goroutine of
+// its own: a vacuum of tables bloated behind a
 // pinned horizon can take long, and must not delay lease renewals.
 func (s *Subscriber) vacuum() {
 	defer s.wg.Done()
@@ -360,7 +361,7 @@ func (s *Subscriber) vacuum() {
 			return
 		case <-t.C:
 			start := time.Now()
-			err := s.eng.vacuum(ctx)
+			_, err := s.eng.vacuum(ctx, s.cfg.VacuumInterval)
 			switch took := time.Since(start); {
 			case err != nil && ctx.Err() == nil:
 				s.log.Warn("omnibus: vacuum of the lanes and notes tables failed", "error", err)

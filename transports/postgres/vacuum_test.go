@@ -184,3 +184,36 @@ SELECT '', 't', 'k' || g, now() FROM generate_series(1, 3000) g`)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+ob.q.table.derived("_lanes").quoted()).Scan(&lanes))
 	assert.Equal(t, 1000, lanes, "and makes their lanes")
 }
+
+// TestVacuum_SkipsTablesAnotherProcessJustVacuumed: a fleet of relays over
+// one table vacuums it about once per interval, not once per relay: a
+// relay whose turn comes within the interval after another process (or
+// autovacuum) vacuumed both tables skips its turn.
+func TestVacuum_SkipsTablesAnotherProcessJustVacuumed(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes, notes := ob.q.table.derived("_lanes").quoted(), ob.q.table.derived("_notes").quoted()
+	count := func() (n int64) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT sum(vacuum_count) FROM pg_stat_user_tables WHERE relid IN ($1::regclass, $2::regclass)`,
+			lanes, notes).Scan(&n))
+		return n
+	}
+	e := testEngine(pool, ob, "relay", 16)
+	did, err := e.vacuum(ctx, time.Minute)
+	require.NoError(t, err)
+	assert.True(t, did, "never vacuumed: this relay vacuums")
+	assert.EqualValues(t, 2, count())
+
+	other := testEngine(pool, ob, "another relay", 16)
+	did, err = other.vacuum(ctx, time.Minute)
+	require.NoError(t, err)
+	assert.False(t, did, "vacuumed a moment ago: the other relay skips its turn")
+	assert.EqualValues(t, 2, count())
+
+	time.Sleep(50 * time.Millisecond)
+	did, err = other.vacuum(ctx, 10*time.Millisecond)
+	require.NoError(t, err)
+	assert.True(t, did, "longer ago than its interval: it vacuums")
+	assert.EqualValues(t, 4, count())
+}

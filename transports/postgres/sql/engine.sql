@@ -505,6 +505,16 @@ UPDATE {T}
 SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL, attempts = attempts - 1
 WHERE id = $1 AND locked_by = $2 AND status = 'pending' AND attempts = $3
 
+-- name: LanesVacuumedSince
+-- Whether both the lanes and the notes table ($2, $3: their quoted names)
+-- were vacuumed, by any process or by autovacuum, within the last $1: a
+-- fleet of relays over one table then vacuums it about once per interval,
+-- not once per relay.
+SELECT count(*) = 2
+FROM pg_stat_user_tables s
+WHERE s.relid IN ($2::regclass, $3::regclass)
+  AND greatest(s.last_vacuum, s.last_autovacuum) > now() - $1::interval
+
 -- name: VacuumLanes
 -- Subscriber.maintain vacuums the small tables every lease, give-back and
 -- new key writes to (SubscriberConfig.VacuumInterval): a few pages each,
