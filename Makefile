@@ -28,8 +28,23 @@ demo:
 
 ## test: the whole suite against real PostgreSQL, Redis and an in-process Kafka (kfake),
 ## and the data-layer module (examples/datalayers: database/sql, lib/pq, sqlx, GORM, bun, ent)
+# The PostgreSQL transport's suites run twice: on the single table, with
+# everything else, and at the same time on the partitioned layout
+# (OMNIBUS_TEST_LAYOUT=partitioned; docs/operations.md, "Partitions"). The
+# second pass changes only the SQL the tests run against, so it runs without
+# the race detector (the first pass covers the same Go code with it), and
+# skips what the layout does not touch: fuzzing of names, and the Watermill
+# suite of the queue broker (the keyed and unkeyed suites run).
+PARTITIONED_SKIP = Fuzz|TestUniversal_QueueBroker
 test: services
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@OMNIBUS_TEST_LAYOUT=partitioned $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -skip '$(PARTITIONED_SKIP)' ./transports/postgres/ \
+		> .partitioned-test.log 2>&1 & part=$$!; \
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; all=$$?; \
+	wait $$part; rc=$$?; \
+	echo "--- the PostgreSQL transport on the partitioned layout:"; \
+	if [ $$rc -ne 0 ]; then cat .partitioned-test.log; else tail -1 .partitioned-test.log; fi; \
+	rm -f .partitioned-test.log; \
+	[ $$all -eq 0 ] && [ $$rc -eq 0 ]
 	cd examples/datalayers && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## examples: run every example program against the local services and check what it prints

@@ -191,7 +191,9 @@ func (b *Bus) Tables() []postgres.Table { return Tables(b.cfg) }
 // the inbox (the postgres broker creates its queue table itself when it opens).
 func Tables(cfg bus.Config) []postgres.Table {
 	cfg = cfg.WithDefaults()
-	return []postgres.Table{postgres.OutboxTable(cfg.Outbox.Table), postgres.InboxTable(cfg.Inbox.Table)}
+	out, in := postgres.OutboxTable(cfg.Outbox.Table), postgres.InboxTable(cfg.Inbox.Table)
+	out.PartitionInterval, in.PartitionInterval = cfg.Outbox.PartitionInterval, cfg.Inbox.PartitionInterval
+	return []postgres.Table{out, in}
 }
 
 // Migrate creates or upgrades the outbox and inbox tables (idempotent).

@@ -191,3 +191,16 @@ func TestOpen_PayloadLimitFromConfig(t *testing.T) {
 		assert.Contains(t, err.Error(), "outbox.max_payload_bytes")
 	}
 }
+
+// The partition interval of the config reaches Migrate's tables.
+func TestTables_CarryThePartitionIntervals(t *testing.T) {
+	t.Parallel()
+	tables := omnibus.Tables(bus.Config{
+		Outbox: bus.OutboxConfig{PartitionInterval: 24 * time.Hour},
+		Inbox:  bus.InboxConfig{PartitionInterval: time.Hour},
+	})
+	require.Len(t, tables, 2)
+	assert.Equal(t, 24*time.Hour, tables[0].PartitionInterval)
+	assert.Equal(t, time.Hour, tables[1].PartitionInterval)
+	assert.Zero(t, omnibus.Tables(bus.Config{})[0].PartitionInterval, "one table unless configured")
+}

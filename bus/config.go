@@ -87,6 +87,13 @@ const (
 	MaxPayloadLimit = 256 << 20
 )
 
+// MinPartitionInterval and MaxPartitionInterval bound
+// outbox/inbox.partition_interval.
+const (
+	MinPartitionInterval = time.Minute
+	MaxPartitionInterval = 31 * 24 * time.Hour
+)
+
 // tableObjectSuffixes name the objects the postgres migrations create for a
 // table T in its schema: T itself, T_lanes, their indexes, sequences,
 // functions, triggers and constraints. Two configured tables must not share
@@ -95,6 +102,9 @@ var tableObjectSuffixes = []string{"",
 	"_lanes", "_lanes_pkey", "_lanes_ready_idx", "_notes", "_notes_pkey", "_notes_id_seq", "_notes_key_idx", "_pkey", "_id_seq",
 	"_event_uidx", "_message_uidx", "_fetch_idx", "_key_idx", "_failed_idx", "_completed_idx",
 	"_lane_fn", "_lane_lock_fn", "_lane_trg", "_notify_fn", "_notify_trg", "_status_check", "_max_attempts_check",
+	// the partitioned layout (its partitions, T_p<start>, are named by time)
+	"_default", "_interval_fn", "_dedup", "_dedup_pkey", "_dedup_at_idx", "_dedup_fn", "_dedup_trg", "_dedup_del_trg",
+	"_created_fn", "_created_trg", "_event_idx", "_message_idx",
 }
 
 const (
@@ -197,8 +207,15 @@ type OutboxConfig struct {
 	// Default DefaultMaxAttempts.
 	MaxAttempts int `yaml:"max_attempts"`
 	// Retention is how long completed rows are kept before cleanup deletes
-	// them. Default DefaultRetention (7 days).
+	// them. Default DefaultRetention (7 days). In the partitioned layout it
+	// is also how long an event is recognised as a duplicate, and relays drop
+	// partitions older than it.
 	Retention time.Duration `yaml:"retention"`
+	// PartitionInterval, when set, makes migrate create the table in the
+	// partitioned layout, one partition per interval (docs/operations.md,
+	// "Partitions"). Between MinPartitionInterval and MaxPartitionInterval,
+	// whole minutes. Default 0: one table.
+	PartitionInterval time.Duration `yaml:"partition_interval"`
 	// MaxPayloadBytes bounds an event's payload; Enqueue refuses a larger
 	// one by name. Default 0: the transport's default, 1 MiB. At most
 	// MaxPayloadLimit.
@@ -220,8 +237,12 @@ type InboxConfig struct {
 	// DefaultMaxAttempts.
 	MaxAttempts int `yaml:"max_attempts"`
 	// Retention is how long completed rows are kept before cleanup deletes
-	// them. Default DefaultRetention.
+	// them. Default DefaultRetention. In the partitioned layout it is also
+	// how long a message id is recognised as a duplicate (the dedup window),
+	// and dispatchers drop partitions older than it.
 	Retention time.Duration `yaml:"retention"`
+	// PartitionInterval: as OutboxConfig.PartitionInterval, for the inbox.
+	PartitionInterval time.Duration `yaml:"partition_interval"`
 	// MaxPayloadBytes bounds a stored message's payload; a larger one is a
 	// permanent failure of that message (the broker dead-letters it).
 	// Default 0: the transport's default, 1 MiB. At most MaxPayloadLimit.
@@ -900,6 +921,7 @@ func (c Config) Validate() error {
 	table("outbox.table", c.Outbox.Table)
 	ck.UpTo("outbox.max_attempts", int64(c.Outbox.MaxAttempts), MaxAttemptsLimit)
 	ck.NotNegativeDuration("outbox.retention", c.Outbox.Retention)
+	ck.PartitionInterval("outbox.partition_interval", c.Outbox.PartitionInterval)
 	ck.UpTo("outbox.max_payload_bytes", int64(c.Outbox.MaxPayloadBytes), MaxPayloadLimit)
 	table("inbox.table", c.Inbox.Table)
 	tables := []struct{ field, name string }{
@@ -936,6 +958,7 @@ func (c Config) Validate() error {
 	}
 	ck.UpTo("inbox.max_attempts", int64(c.Inbox.MaxAttempts), MaxAttemptsLimit)
 	ck.NotNegativeDuration("inbox.retention", c.Inbox.Retention)
+	ck.PartitionInterval("inbox.partition_interval", c.Inbox.PartitionInterval)
 	ck.UpTo("inbox.max_payload_bytes", int64(c.Inbox.MaxPayloadBytes), MaxPayloadLimit)
 
 	// retry

@@ -98,3 +98,15 @@ func (c *Check) sectionErrors(key string, err error) {
 		walk(err)
 	}
 }
+
+// PartitionInterval checks a partition interval: 0 (one table), or between
+// MinPartitionInterval and MaxPartitionInterval in whole minutes.
+func (c *Check) PartitionInterval(field string, d time.Duration) {
+	switch {
+	case d == 0:
+	case d < MinPartitionInterval || d > MaxPartitionInterval:
+		c.Fail(field, "must be 0 (one table) or from %s to %s (31 days), got %s", MinPartitionInterval, MaxPartitionInterval, d)
+	case d%time.Minute != 0:
+		c.Fail(field, "must be a whole number of minutes, got %s", d)
+	}
+}

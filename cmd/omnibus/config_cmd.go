@@ -58,7 +58,9 @@ func migrationTables(raw, cfg bus.Config) []postgres.Table {
 		tables = tables[:1] // the outbox
 	}
 	if cfg.Broker == bus.BrokerPostgres {
-		tables = append(tables, postgres.InboxTable(cfg.Postgres.QueueTable))
+		queue := postgres.InboxTable(cfg.Postgres.QueueTable)
+		queue.PartitionInterval = cfg.Inbox.PartitionInterval
+		tables = append(tables, queue)
 	}
 	return tables
 }

@@ -188,9 +188,17 @@ type Health struct {
 	// 0 when none. While it is open, vacuum removes no version deleted after
 	// it started, in any table: see docs/operations.md, "Long transactions".
 	OldestTransactionAge time.Duration
+	// Partitioned tells a table in the partitioned layout. Partitions is then
+	// how many partitions it has (its default partition aside), and
+	// CoveredUntil when the last of them ends: writes after it land in the
+	// default partition, so it should stay PartitionsAhead intervals away.
+	Partitioned  bool
+	Partitions   int
+	CoveredUntil time.Time
 }
 
-// Health reads the table's Health in one statement.
+// Health reads the table's Health: its statistics in one statement, and,
+// for the partitioned layout, its partitions.
 func (a *Admin) Health(ctx context.Context) (Health, error) {
 	var (
 		h   Health
@@ -203,7 +211,38 @@ func (a *Admin) Health(ctx context.Context) (Health, error) {
 		return Health{}, fmt.Errorf("health of %q: %w", a.tn, err)
 	}
 	h.OldestTransactionAge = age
+	p := newPartitioner(a.pool, a.tn, a.inbox)
+	interval, err := p.interval(ctx, a.pool)
+	if err != nil || interval == 0 {
+		return h, err
+	}
+	names, err := p.partitions(ctx, a.pool)
+	if err != nil {
+		return h, err
+	}
+	h.Partitioned = true
+	for _, n := range names {
+		if from, ok := p.partitionTime(n); ok {
+			h.Partitions++
+			if end := from.Add(interval); end.After(h.CoveredUntil) {
+				h.CoveredUntil = end
+			}
+		}
+	}
 	return h, nil
+}
+
+// MaintainPartitions runs one round of partition maintenance on a table in
+// the partitioned layout, as every Subscriber of the table does on its own
+// (SubscriberConfig.PartitionRetention): it creates the partitions up to
+// PartitionsAhead intervals ahead, drops those that ended more than
+// retention ago and hold no pending and no failed row (retention 0: none),
+// and forgets dedup entries as old. It fails for a single table.
+func (a *Admin) MaintainPartitions(ctx context.Context, retention time.Duration) (PartitionReport, error) {
+	if retention < 0 {
+		return PartitionReport{}, fmt.Errorf("partitions of %q: retention: must not be negative, got %s", a.tn, retention)
+	}
+	return newPartitioner(a.pool, a.tn, a.inbox).maintain(ctx, retention)
 }
 
 // FailedRow is a terminally failed row, as ListFailed returns it.

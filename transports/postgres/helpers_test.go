@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -20,12 +21,25 @@ func newOutbox(t *testing.T) (*pgxpool.Pool, *Outbox) {
 	pool := testenv.Postgres(t)
 	name := testenv.Name(t)
 	ctx := context.Background()
-	require.NoError(t, Migrate(ctx, pool, OutboxTable(name)))
+	require.NoError(t, Migrate(ctx, pool, testTable(OutboxTable(name))))
 	dropAfter(t, pool, name)
 	ob, err := NewOutbox(OutboxConfig{Table: name})
 	require.NoError(t, err)
 	return pool, ob
 }
+
+// testTable is t in the layout this run of the package's tests uses: the
+// single table, or with OMNIBUS_TEST_LAYOUT=partitioned the partitioned
+// layout (one-hour partitions), so that the suites that build their tables
+// through newOutbox and newInbox run on both (make test runs both).
+func testTable(t Table) Table {
+	if testPartitioned() {
+		t.PartitionInterval = time.Hour
+	}
+	return t
+}
+
+func testPartitioned() bool { return os.Getenv("OMNIBUS_TEST_LAYOUT") == "partitioned" }
 
 // event builds a keyed message.
 func event(key, payload string) *message.Message {

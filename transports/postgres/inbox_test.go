@@ -24,7 +24,7 @@ func newInbox(t *testing.T) (*pgxpool.Pool, *Inbox) {
 	t.Helper()
 	pool := testenv.Postgres(t)
 	name := testenv.Name(t)
-	require.NoError(t, Migrate(context.Background(), pool, InboxTable(name)))
+	require.NoError(t, Migrate(context.Background(), pool, testTable(InboxTable(name))))
 	dropAfter(t, pool, name)
 	in, err := NewInbox(InboxConfig{Table: name})
 	require.NoError(t, err)

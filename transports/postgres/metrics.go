@@ -230,6 +230,10 @@ const (
 //	…_blocked_keys                 keys frozen behind a failed row (FailedBlock)
 //	…_dead_tuple_ratio{relation}   dead share of the table, lanes and notes tables
 //	…_oldest_transaction_age_seconds  oldest transaction holding the xmin horizon
+//	…_partitions                   partitions of the partitioned layout (not
+//	                               exposed for a single table)
+//	…_partitions_ahead_seconds     how long until the last partition ends
+//	                               (writes after it land in the default one)
 //	…_stats_up                     1 when the last query succeeded, else 0
 //	…_stats_query_duration_seconds how long the last query took
 //
@@ -242,7 +246,7 @@ type StatsCollector struct {
 
 	pending, due, leased, expired, failed, completed, oldest *prometheus.Desc
 	keys, held, blocked, up, took                            *prometheus.Desc
-	dead, horizon                                            *prometheus.Desc
+	dead, horizon, partitions, ahead                         *prometheus.Desc
 
 	mu       sync.Mutex
 	at       time.Time // when the cached figures were taken
@@ -303,6 +307,9 @@ func NewStatsCollector(admin *Admin, reg prometheus.Registerer, minInterval time
 			[]string{"relation"}, constLabels),
 		horizon: desc("oldest_transaction_age_seconds",
 			"Age of the oldest transaction of the database that holds back the xmin horizon (vacuum removes nothing deleted after it started); 0 when none."),
+		partitions: desc("partitions", "Partitions of a table in the partitioned layout, its default partition aside."),
+		ahead: desc("partitions_ahead_seconds",
+			"How long until the last partition of a table in the partitioned layout ends; rows written after it land in the default partition. Relays keep it at least 3 intervals."),
 	}
 	if reg != nil {
 		if err := reg.Register(c); err != nil {
@@ -315,7 +322,7 @@ func NewStatsCollector(admin *Admin, reg prometheus.Registerer, minInterval time
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.due, c.leased, c.expired, c.failed, c.completed, c.oldest,
-		c.keys, c.held, c.blocked, c.up, c.took, c.dead, c.horizon} {
+		c.keys, c.held, c.blocked, c.up, c.took, c.dead, c.horizon, c.partitions, c.ahead} {
 		ch <- d
 	}
 }
@@ -347,6 +354,10 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, v, rel)
 	}
 	gauge(c.horizon, h.OldestTransactionAge.Seconds())
+	if h.Partitioned {
+		gauge(c.partitions, float64(h.Partitions))
+		gauge(c.ahead, time.Until(h.CoveredUntil).Seconds())
+	}
 }
 
 // snapshot returns the cached figures, refreshing them first when they are

@@ -67,7 +67,7 @@ func TestStatsCollector_GaugesMatchTheTable(t *testing.T) {
 	takeNotes(t, f.pool, f.ob.q)
 	f.exec(`UPDATE {L} SET blocked = true, ready_at = 'infinity' WHERE partition_key = 'blocked'`)
 	f.exec(`UPDATE {T} SET status = 'completed', completed_at = now() WHERE payload IN ('done-1', 'done-2')`)
-	f.exec(`UPDATE {T} SET created_at = now() - interval '2 hours' WHERE payload = 'loose-1'`)
+	f.backdate(`UPDATE {T} SET created_at = now() - interval '2 hours' WHERE payload = 'loose-1'`)
 
 	table := f.ob.Table()
 	expected := fmt.Sprintf(`

@@ -124,6 +124,10 @@ func SubscriberFromConfig(cfg bus.Config, base SubscriberConfig) SubscriberConfi
 	base.VacuumInterval = cfg.Relay.VacuumInterval
 	base.CloseTimeout = cfg.Relay.CloseTimeout
 	base.TransientDelay = cfg.Retry.TransientDelay
+	base.PartitionRetention = cfg.Outbox.Retention
+	if base.Kind == KindInbox {
+		base.PartitionRetention = cfg.Inbox.Retention
+	}
 	if cfg.Relay.FailedPolicy == "block" {
 		base.FailedPolicy = FailedBlock
 	}

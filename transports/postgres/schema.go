@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -44,6 +45,13 @@ func (k Kind) String() string {
 type Table struct {
 	Name string
 	Kind Kind
+	// PartitionInterval, when set, makes Migrate create the table in the
+	// partitioned layout: range-partitioned on created_at, one partition per
+	// interval (docs/operations.md, "Partitions"). Between MinPartitionInterval
+	// and MaxPartitionInterval, a whole number of minutes. It matters only
+	// when Migrate creates the table: an existing table keeps its layout, and
+	// every other component finds the layout in the database.
+	PartitionInterval time.Duration
 }
 
 // OutboxTable names an outbox table; "" means DefaultOutboxTable.
@@ -104,8 +112,21 @@ func loadMigrations() []migration {
 // templateData is what the migration templates see. Every string in it is a
 // quoted identifier or literal built from a validated name.
 type templateData struct {
-	t     tableName
-	Inbox bool
+	t        tableName
+	Inbox    bool
+	interval time.Duration // the partitioned layout's; 0 for the single table
+}
+
+func (d templateData) Partitioned() bool { return d.interval > 0 }
+func (d templateData) Dedup() string     { return d.t.derived("_dedup").quoted() }
+
+// PartitionStorage is the storage settings of each partition (the single
+// table's, migrations 0001 and 0006).
+func (d templateData) PartitionStorage() string { return partitionStorage }
+
+// PartitionIntervalLiteral is the interval as an SQL literal.
+func (d templateData) PartitionIntervalLiteral() string {
+	return fmt.Sprintf("interval '%d seconds'", int64(d.interval/time.Second))
 }
 
 func (d templateData) Table() string                  { return d.t.quoted() }
@@ -140,6 +161,9 @@ func (t Table) parse() (tableName, error) {
 	if err != nil {
 		return tableName{}, fmt.Errorf("%s table: %w", t.Kind, err)
 	}
+	if err := checkPartitionInterval(t.PartitionInterval); err != nil {
+		return tableName{}, fmt.Errorf("%s table %q: partition interval: %w", t.Kind, t.Name, err)
+	}
 	return tn, nil
 }
 
@@ -149,7 +173,7 @@ func render(m migration, t Table) (string, error) {
 		return "", err
 	}
 	var buf bytes.Buffer
-	if err := m.tmpl.Execute(&buf, templateData{t: tn, Inbox: t.Kind == KindInbox}); err != nil {
+	if err := m.tmpl.Execute(&buf, templateData{t: tn, Inbox: t.Kind == KindInbox, interval: t.PartitionInterval}); err != nil {
 		return "", fmt.Errorf("render migration %s for %q: %w", m.name, t.Name, err)
 	}
 	return buf.String(), nil
@@ -254,6 +278,43 @@ func migrateTable(ctx context.Context, tx pgx.Tx, t Table) error {
 		if _, err := tx.Exec(ctx, record, tn.name, m.version); err != nil {
 			return fmt.Errorf("migrate %q: record %s: %w", t.Name, m.name, err)
 		}
+	}
+	if t.PartitionInterval > 0 {
+		return createPartitions(ctx, tx, t, tn)
+	}
+	return nil
+}
+
+// createPartitions checks that a table Migrate was asked to partition is
+// partitioned, by the same interval, and creates its current partition and
+// the PartitionsAhead after it.
+func createPartitions(ctx context.Context, tx pgx.Tx, t Table, tn tableName) error {
+	p := newPartitioner(nil, tn, t.Kind == KindInbox)
+	got, err := p.interval(ctx, tx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("migrate %q: %w", t.Name, err)
+	case got == 0:
+		return fmt.Errorf("migrate %q: partition interval %s: the table exists as a single table; "+
+			"convert it first (docs/operations.md, \"Converting a single table\") or leave the interval unset", t.Name, t.PartitionInterval)
+	case got != t.PartitionInterval:
+		return fmt.Errorf("migrate %q: partition interval %s: the table is partitioned by %s, which cannot change", t.Name, t.PartitionInterval, got)
+	}
+	names, err := p.partitions(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("migrate %q: %w", t.Name, err)
+	}
+	have := map[string]bool{}
+	for _, n := range names {
+		have[n] = true
+	}
+	var now time.Time
+	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return fmt.Errorf("migrate %q: %w", t.Name, err)
+	}
+	var rep PartitionReport
+	if err := p.createAhead(ctx, tx, got, now, have, &rep); err != nil {
+		return fmt.Errorf("migrate %q: %w", t.Name, err)
 	}
 	return nil
 }

@@ -29,6 +29,9 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //
 //	{T} {L} {N} {M} the table, its lanes table, its lane notes table, the
 //	                migrations bookkeeping table of its schema (quoted)
+//	{D}             the partitioned layout's dedup table (quoted)
+//	{PARTITION_INTERVAL_FN} {DEDUP_FN} {CREATED_FN}  the partitioned layout's functions
+//	{P}             partitions.go: one partition (quoted), per call
 //	{LANE_FN} {NOTIFY_FN}  its trigger functions (quoted, schema-qualified)
 //	{LANE_LOCK_FN}  its function that takes a lane's lock or fails (migration 0005)
 //	{LANE_LOCK}     the two arguments of the advisory lock of the lane ($1, $2,
@@ -58,12 +61,20 @@ type vocab struct {
 const filterMark = "/* filter */"
 
 // replacer returns the values of every placeholder for v.
-func (v vocab) replacer() *strings.Replacer {
+func (v vocab) replacer() *strings.Replacer { return strings.NewReplacer(v.pairs()...) }
+
+// pairs is every placeholder for v and its value, as strings.NewReplacer
+// takes them.
+func (v vocab) pairs() []string {
 	t := v.t
 	kv := []string{
 		"{T}", t.quoted(),
 		"{L}", t.derived("_lanes").quoted(),
 		"{N}", t.derived("_notes").quoted(),
+		"{D}", t.derived("_dedup").quoted(),
+		"{PARTITION_INTERVAL_FN}", t.qualifiedIdent("_interval_fn"),
+		"{DEDUP_FN}", t.qualifiedIdent("_dedup_fn"),
+		"{CREATED_FN}", t.qualifiedIdent("_created_fn"),
 		"{M}", migrationsBook(t),
 		"{LANE_FN}", t.qualifiedIdent("_lane_fn"),
 		"{LANE_LOCK_FN}", t.qualifiedIdent("_lane_lock_fn"),
@@ -102,7 +113,7 @@ func (v vocab) replacer() *strings.Replacer {
 	kv = append(kv,
 		"{COMPLETED}", fragments.Replace(statements.Block(completed).SQL),
 		"{KEY_COUNTS}", fragments.Replace(statements.Block("KeyCounts").SQL))
-	return strings.NewReplacer(kv...)
+	return kv
 }
 
 // renderer renders named statements for one vocab, with one replacer.

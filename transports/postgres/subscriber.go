@@ -108,6 +108,13 @@ type SubscriberConfig struct {
 	// nothing and autovacuum does it. Default DefaultVacuumInterval;
 	// negative turns it off.
 	VacuumInterval time.Duration
+	// PartitionRetention applies to a table in the partitioned layout
+	// (Table.PartitionInterval), where every Subscriber keeps partitions
+	// created PartitionsAhead intervals ahead: partitions that ended longer
+	// ago than this and hold no pending and no failed row are dropped, and
+	// dedup entries as old are forgotten (docs/operations.md, "Partitions").
+	// 0 drops nothing. Negative turns partition maintenance off.
+	PartitionRetention time.Duration
 	// CloseTimeout is how long Close waits for in-flight messages; after it
 	// their rows are released for another worker. Default DefaultCloseTimeout.
 	CloseTimeout time.Duration
@@ -283,10 +290,11 @@ func NewSubscriber(pool *pgxpool.Pool, cfg SubscriberConfig, logger *slog.Logger
 		tracked: newTracker(),
 	}
 	s.flush = newFlusher(s)
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.flush.run()
 	go s.maintain()
 	go s.vacuum()
+	go s.partitions(newPartitioner(pool, tn, cfg.Kind == KindInbox))
 	return s, nil
 }
 
@@ -369,6 +377,56 @@ func (s *Subscriber) vacuum() {
 				s.log.Info("omnibus: vacuum of the lanes and notes tables took longer than its interval (a long transaction may be holding the xmin horizon)",
 					"took", took.Round(time.Millisecond), "interval", s.cfg.VacuumInterval)
 			}
+		}
+	}
+}
+
+// partitions maintains the partitions of a table in the partitioned layout
+// until Close: at once, then every quarter of the partition interval (at
+// least every 10 s, at most every 5 min). One Subscriber of a fleet does a
+// round at a time; the others skip theirs.
+func (s *Subscriber) partitions(p *partitioner) {
+	defer s.wg.Done()
+	if s.cfg.PartitionRetention < 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	every := time.Duration(0)
+	for {
+		if every == 0 {
+			interval, err := p.interval(ctx, s.pool)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log.Warn("omnibus: reading the table's layout failed; partitions are not maintained until it works", "error", err)
+			case err == nil && interval == 0:
+				return // the single table
+			case err == nil:
+				every = min(max(interval/4, 10*time.Second), 5*time.Minute)
+			}
+		}
+		if every > 0 {
+			rep, err := p.maintain(ctx, s.cfg.PartitionRetention)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log.Warn("omnibus: partition maintenance failed", "error", err)
+			case len(rep.Created)+len(rep.Dropped)+len(rep.Deferred) > 0 || rep.DedupForgotten > 0:
+				s.log.Info("omnibus: partition maintenance", "created", rep.Created, "dropped", rep.Dropped,
+					"kept", rep.Kept, "deferred", rep.Deferred, "dedup_forgotten", rep.DedupForgotten)
+			}
+		}
+		wait := every
+		if wait == 0 {
+			wait = 10 * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
 		}
 	}
 }

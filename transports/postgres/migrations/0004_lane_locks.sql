@@ -46,11 +46,11 @@ BEGIN
     IF NEW.status <> 'pending' OR NEW.partition_key IS NULL THEN
         RETURN NEW;
     END IF;
-    -- A duplicate (ON CONFLICT DO NOTHING will skip it) takes no lock.
+{{if not .Partitioned}}    -- A duplicate (ON CONFLICT DO NOTHING will skip it) takes no lock.
     IF EXISTS (SELECT 1 FROM {{.Table}} d WHERE {{if .Inbox}}d.message_id = NEW.message_id AND d.consumer_group = NEW.consumer_group{{else}}d.event_id = NEW.event_id AND d.topic = NEW.topic{{end}}) THEN
         RETURN NEW;
     END IF;
-    PERFORM pg_advisory_xact_lock_shared({{.LaneLock "lane_group" "NEW.topic" "NEW.partition_key"}});
+{{end}}    PERFORM pg_advisory_xact_lock_shared({{.LaneLock "lane_group" "NEW.topic" "NEW.partition_key"}});
     rc := current_setting('transaction_isolation') = 'read committed';
     SELECT l.ready_at, l.blocked INTO lane_ready, lane_blocked FROM {{.Lanes}} l
     WHERE l.consumer_group = lane_group AND l.topic = NEW.topic AND l.partition_key = NEW.partition_key;

@@ -21,5 +21,7 @@ ALTER TABLE {{.Notes}} SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuu
                             autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
 -- The table itself: each delivered event leaves two dead versions (its
 -- lease and its completion). Vacuum at 5 % dead instead of 20 %, so the
--- space of the versions is reused by the next ones before the table grows.
-ALTER TABLE {{.Table}} SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 10000);
+-- space of the versions is reused by the next ones before the table grows.{{if .Partitioned}}
+-- (A partitioned table has no storage of its own: each partition is created
+-- with these settings.){{else}}
+ALTER TABLE {{.Table}} SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 10000);{{end}}

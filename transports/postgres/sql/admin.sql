@@ -32,10 +32,13 @@ FROM r, k
 -- the database that holds back the xmin horizon (a session with a snapshot,
 -- or a prepared transaction), this session excepted: while it is open,
 -- vacuum cannot remove the versions the relay and the writers leave behind.
+-- A partitioned table counts the versions of all its partitions.
 WITH dead AS (
-    SELECT s.relid, s.n_dead_tup::float8 / NULLIF(s.n_live_tup + s.n_dead_tup, 0) AS ratio
-    FROM pg_stat_user_tables s
-    WHERE s.relid IN (to_regclass(@t), to_regclass(@l), to_regclass(@n))
+    SELECT r.root AS relid, sum(s.n_dead_tup)::float8 / NULLIF(sum(s.n_live_tup + s.n_dead_tup), 0) AS ratio
+    FROM (VALUES (to_regclass(@t)), (to_regclass(@l)), (to_regclass(@n))) AS r(root)
+    CROSS JOIN LATERAL (SELECT r.root UNION SELECT t.relid FROM pg_partition_tree(r.root) t) p(relid)
+    JOIN pg_stat_user_tables s ON s.relid = p.relid
+    GROUP BY r.root
 )
 SELECT COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@t)), 0),
        COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@l)), 0),

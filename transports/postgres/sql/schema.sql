@@ -33,11 +33,11 @@ SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, to_regclass(
 -- name: DropTables
 -- Drop: the table, its lanes table and its lane notes table; their triggers
 -- and indexes go with them.
-DROP TABLE IF EXISTS {T}, {L}, {N} CASCADE
+DROP TABLE IF EXISTS {T}, {L}, {N}, {D} CASCADE
 
 -- name: DropFunctions
 -- Drop: the functions the migrations created for the table.
-DROP FUNCTION IF EXISTS {LANE_FN}(), {NOTIFY_FN}(), {LANE_LOCK_FN}(text, text, text)
+DROP FUNCTION IF EXISTS {LANE_FN}(), {NOTIFY_FN}(), {LANE_LOCK_FN}(text, text, text), {DEDUP_FN}(), {CREATED_FN}(), {PARTITION_INTERVAL_FN}()
 
 -- name: ForgetMigrations
 -- Drop: the table's migration records, so that Migrate starts over.

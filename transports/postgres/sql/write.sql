@@ -4,12 +4,15 @@
 
 -- name: InsertOutbox
 -- Outbox.Enqueue: the same event enqueued twice for one topic is stored once.
+-- ON CONFLICT without a target: the unique index of the single table, or the
+-- dedup trigger of the partitioned layout (migration 0001), whichever the
+-- table has.
 INSERT INTO {T} (event_id, topic, partition_key, event_type, payload, metadata, max_attempts, scheduled_at)
 SELECT u.event_id, $1, u.partition_key, u.event_type, u.payload, u.metadata, u.max_attempts, COALESCE(u.scheduled_at, now())
 FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::int[], $8::timestamptz[])
      WITH ORDINALITY AS u(event_id, partition_key, event_type, payload, metadata, max_attempts, scheduled_at, ord)
 ORDER BY u.ord
-ON CONFLICT (event_id, topic) DO NOTHING
+ON CONFLICT DO NOTHING
 
 -- name: InsertInbox
 -- Inbox.Store: returns the message ids that were new for the group. With $10
@@ -22,7 +25,7 @@ SELECT u.message_id, $1, u.event_id, u.topic, u.partition_key, u.event_type, u.p
 FROM unnest($2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::jsonb[], $9::int[])
      WITH ORDINALITY AS u(message_id, event_id, topic, partition_key, event_type, payload, metadata, max_attempts, ord)
 ORDER BY u.ord
-ON CONFLICT (message_id, consumer_group) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING message_id
 
 -- name: RemoveInbox
