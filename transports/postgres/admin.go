@@ -221,14 +221,7 @@ func (a *Admin) Health(ctx context.Context) (Health, error) {
 		return h, err
 	}
 	h.Partitioned = true
-	for _, n := range names {
-		if from, ok := p.partitionTime(n); ok {
-			h.Partitions++
-			if end := from.Add(interval); end.After(h.CoveredUntil) {
-				h.CoveredUntil = end
-			}
-		}
-	}
+	h.Partitions, h.CoveredUntil = p.coverage(names, interval)
 	return h, nil
 }
 

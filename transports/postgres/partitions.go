@@ -268,15 +268,25 @@ func (p *partitioner) maintain(ctx context.Context, retention time.Duration) (Pa
 			return rep, err
 		}
 	}
+	names = names[:0]
 	for n := range have {
-		if from, ok := p.partitionTime(n); ok {
-			rep.Partitions++
-			if end := from.Add(interval); end.After(rep.CoveredUntil) {
-				rep.CoveredUntil = end
+		names = append(names, n)
+	}
+	rep.Partitions, rep.CoveredUntil = p.coverage(names, interval)
+	return rep, nil
+}
+
+// coverage counts the partitions among names and says when the last ends.
+func (p *partitioner) coverage(names []string, interval time.Duration) (n int, until time.Time) {
+	for _, name := range names {
+		if from, ok := p.partitionTime(name); ok {
+			n++
+			if end := from.Add(interval); end.After(until) {
+				until = end
 			}
 		}
 	}
-	return rep, nil
+	return n, until
 }
 
 func (p *partitioner) partitions(ctx context.Context, db DB) ([]string, error) {
