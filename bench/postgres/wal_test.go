@@ -47,28 +47,37 @@ const (
 // for vacuum), HOT is the share of updates that touched no index. Per
 // relation (the table, its lanes table, its notes table) and per event.
 //
+// Each path runs on both layouts: the single table and the partitioned one
+// (one-hour partitions; "-partitioned", whose counts are its partitions'
+// and whose WAL includes its dedup table's).
+//
 // Metrics: wal-B/evt, and dead/evt of the table, lanes and notes, and hot-%
 // of the table's updates, each for outbox and inbox.
 func BenchmarkWALPerEvent(b *testing.B) {
-	for _, kind := range []postgres.Kind{postgres.KindOutbox, postgres.KindInbox} {
-		name := "outbox"
-		if kind == postgres.KindInbox {
-			name = "inbox"
-		}
-		b.Run(name, func(b *testing.B) {
-			var sum walCost
-			for range b.N {
-				c := walPath(b, kind)
-				b.Logf("%s: %s", name, c)
-				sum = sum.add(c)
+	for _, layout := range []time.Duration{0, time.Hour} {
+		for _, kind := range []postgres.Kind{postgres.KindOutbox, postgres.KindInbox} {
+			name := "outbox"
+			if kind == postgres.KindInbox {
+				name = "inbox"
 			}
-			n := float64(b.N)
-			b.ReportMetric(sum.walPerEvent/n, "wal-B/evt")
-			b.ReportMetric(sum.table.deadPerEvent/n, "table-dead/evt")
-			b.ReportMetric(sum.lanes.deadPerEvent/n, "lanes-dead/evt")
-			b.ReportMetric(sum.notes.deadPerEvent/n, "notes-dead/evt")
-			b.ReportMetric(sum.table.hotPct/n, "table-hot-%")
-		})
+			if layout > 0 {
+				name += "-partitioned"
+			}
+			b.Run(name, func(b *testing.B) {
+				var sum walCost
+				for range b.N {
+					c := walPath(b, kind, layout)
+					b.Logf("%s: %s", name, c)
+					sum = sum.add(c)
+				}
+				n := float64(b.N)
+				b.ReportMetric(sum.walPerEvent/n, "wal-B/evt")
+				b.ReportMetric(sum.table.deadPerEvent/n, "table-dead/evt")
+				b.ReportMetric(sum.lanes.deadPerEvent/n, "lanes-dead/evt")
+				b.ReportMetric(sum.notes.deadPerEvent/n, "notes-dead/evt")
+				b.ReportMetric(sum.table.hotPct/n, "table-hot-%")
+			})
+		}
 	}
 }
 
@@ -99,11 +108,11 @@ func (c walCost) String() string {
 type tupleCounts struct{ upd, hot, del int64 }
 
 // walPath runs one path on a fresh table and returns its cost per event.
-func walPath(b *testing.B, kind postgres.Kind) walCost {
+func walPath(b *testing.B, kind postgres.Kind, interval time.Duration) walCost {
 	b.Helper()
 	b.StopTimer()
 	admin := pgbench.NewPool(b, 4, nil)
-	t := pgbench.NewTable(b, admin, kind, "wal")
+	t := pgbench.NewPartitionedTable(b, admin, kind, "wal", interval)
 	rels := []string{t.Quoted, t.Lanes, t.Notes}
 	before := readCounts(b, admin, rels)
 	lsn := currentLSN(b, admin)
@@ -267,9 +276,11 @@ func readCounts(b *testing.B, pool *pgxpool.Pool, rels []string) []tupleCounts {
 	}
 	out := make([]tupleCounts, len(rels))
 	for i, rel := range rels {
+		// A partitioned table's counts are its partitions'.
 		err := conn.QueryRow(ctx, `
-SELECT coalesce(n_tup_upd, 0), coalesce(n_tup_hot_upd, 0), coalesce(n_tup_del, 0)
-FROM pg_stat_user_tables WHERE relid = $1::regclass`, rel).Scan(&out[i].upd, &out[i].hot, &out[i].del)
+WITH p AS (SELECT $1::regclass AS relid UNION SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf)
+SELECT coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint, coalesce(sum(n_tup_del), 0)::bigint
+FROM pg_stat_user_tables s JOIN p USING (relid)`, rel).Scan(&out[i].upd, &out[i].hot, &out[i].del)
 		if err != nil {
 			b.Fatalf("statistics of %s: %v", rel, err)
 		}

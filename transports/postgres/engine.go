@@ -713,7 +713,12 @@ func (e *engine) extend(ctx context.Context, ids []int64, lanes []laneKey) (rene
 	// wait for a new fetch.
 	var rowsErr error
 	if len(ids) > 0 {
-		if _, err := e.pool.Exec(ctx, e.q.extendRows, e.worker, e.lease, ids); err != nil {
+		// One implicit transaction: the rows are read by id whatever the
+		// statistics say (SettlePlans).
+		b := &pgx.Batch{}
+		b.Queue(e.q.settlePlans)
+		b.Queue(e.q.extendRows, e.worker, e.lease, ids)
+		if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
 			rowsErr = fmt.Errorf("extend leases of %d rows of %q: %w", len(ids), e.q.table, err)
 		}
 	}

@@ -191,9 +191,9 @@ func TestPinnedHorizonStand(t *testing.T) {
 	}
 	defer unpin()
 
-	t.Logf("%-6s %9s %9s %9s %9s %9s %9s %9s %10s %10s %10s %10s",
+	t.Logf("%-6s %9s %9s %9s %9s %9s %9s %9s %10s %10s %10s %10s %10s",
 		"minute", "written/s", "deliver/s", "commit99", "fetch50", "fetch99", "lag99", "WAL/event",
-		"dead(out)", "size(out)", "idx(out)", "dead(lanes)")
+		"dead(out)", "size(out)", "idx(out)", "dead(lanes)", "dedup")
 	lsn := walLSN(t, pool)
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
@@ -209,20 +209,24 @@ func TestPinnedHorizonStand(t *testing.T) {
 		now := walLSN(t, pool)
 		w, d := m.written.Swap(0), m.delivered.Swap(0)
 		commit, fetch, lag := m.take()
-		var deadOut, deadLanes, size, idx int64
+		var deadOut, deadLanes, size, idx, dedup int64
+		// A partitioned table has no storage of its own: its figures are
+		// its partitions' (and its dedup table's, which only it has).
 		require.NoError(t, pool.QueryRow(ctx, `
-			SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
+			WITH p AS (SELECT $1::regclass AS relid UNION SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf)
+			SELECT coalesce((SELECT sum(s.n_dead_tup) FROM pg_stat_user_tables s JOIN p USING (relid)), 0)::bigint,
 			       coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0),
-			       pg_table_size($1::regclass), pg_indexes_size($1::regclass)`,
-			tn.quoted(), tn.derived("_lanes").quoted()).Scan(&deadOut, &deadLanes, &size, &idx))
+			       (SELECT sum(pg_table_size(relid)) FROM p)::bigint, (SELECT sum(pg_indexes_size(relid)) FROM p)::bigint,
+			       coalesce(pg_total_relation_size(to_regclass($3)), 0)`,
+			tn.quoted(), tn.derived("_lanes").quoted(), tn.derived("_dedup").quoted()).Scan(&deadOut, &deadLanes, &size, &idx, &dedup))
 		walPer := "-"
 		if d > 0 {
 			walPer = strconv.FormatInt((now-lsn)/d, 10)
 		}
 		lsn = now
-		t.Logf("%-6d %9d %9d %9s %9s %9s %9s %9s %10d %10s %10s %10d",
+		t.Logf("%-6d %9d %9d %9s %9s %9s %9s %9s %10d %10s %10s %10d %10s",
 			i, w/60, d/60, pct(commit, 99), pct(fetch, 50), pct(fetch, 99), pct(lag, 99), walPer,
-			deadOut, mib(size), mib(idx), deadLanes)
+			deadOut, mib(size), mib(idx), deadLanes, mib(dedup))
 		if time.Since(began) >= duration-30*time.Second {
 			break
 		}

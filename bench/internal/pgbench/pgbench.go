@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,6 +50,13 @@ type Table struct {
 // omnibus_schema_migrations when the benchmark ends.
 func NewTable(b *testing.B, pool *pgxpool.Pool, kind postgres.Kind, scenario string) Table {
 	b.Helper()
+	return NewPartitionedTable(b, pool, kind, scenario, 0)
+}
+
+// NewPartitionedTable is NewTable in the partitioned layout, with partitions
+// of interval (0: the single table).
+func NewPartitionedTable(b *testing.B, pool *pgxpool.Pool, kind postgres.Kind, scenario string, interval time.Duration) Table {
+	b.Helper()
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	name := "bench_" + scenario + "_" + hex.EncodeToString(rnd[:])
@@ -56,6 +64,7 @@ func NewTable(b *testing.B, pool *pgxpool.Pool, kind postgres.Kind, scenario str
 	if kind == postgres.KindInbox {
 		spec = postgres.InboxTable(name)
 	}
+	spec.PartitionInterval = interval
 	if err := postgres.Migrate(context.Background(), pool, spec); err != nil {
 		b.Fatalf("migrate %s: %v", name, err)
 	}
@@ -68,11 +77,14 @@ func NewTable(b *testing.B, pool *pgxpool.Pool, kind postgres.Kind, scenario str
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, err := pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s CASCADE`, t.Quoted, t.Lanes, t.Notes))
+		_, err := pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s CASCADE`, t.Quoted, t.Lanes, t.Notes,
+			pgx.Identifier{name + "_dedup"}.Sanitize()))
 		if err == nil {
-			_, err = pool.Exec(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS %s, %s, %s CASCADE`,
-				pgx.Identifier{name + "_lane_fn"}.Sanitize(), pgx.Identifier{name + "_notify_fn"}.Sanitize(),
-				pgx.Identifier{name + "_lane_lock_fn"}.Sanitize()))
+			var fns []string
+			for _, suffix := range []string{"_lane_fn", "_notify_fn", "_lane_lock_fn", "_dedup_fn", "_interval_fn", "_created_fn"} {
+				fns = append(fns, pgx.Identifier{name + suffix}.Sanitize())
+			}
+			_, err = pool.Exec(ctx, `DROP FUNCTION IF EXISTS `+strings.Join(fns, ", ")+` CASCADE`)
 		}
 		if err == nil {
 			_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1`, name)
