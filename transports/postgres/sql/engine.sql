@@ -118,15 +118,29 @@ WHERE l.ready_at > EXCLUDED.ready_at AND NOT l.blocked
 -- settlement; when its attempts are all spent, exhausted fails it,
 -- saying so, instead of handing it out again. RETURNING gives attempts spent before this
 -- delivery, which is what bus.Delivery reports.
+--
+-- exhausted and picked address their rows by (id, created_at), the primary
+-- key of both layouts' rows (on the single table id alone is): by id alone
+-- on a partition, whose primary key is (id, created_at), the planner
+-- expected several rows per id and read each through the key index with
+-- only id to go by, a scan of that whole index per row (90-130 ms per fetch
+-- in the partitioned layout's BenchmarkWALPerEvent, with the writers of
+-- the fetched keys waiting for it); with created_at it finds each row by
+-- one probe of one partition. Their status re-check is written
+-- "(status = 'pending') IS TRUE", the same condition in a form no partial
+-- index's predicate matches, so no index but the primary key can serve them
+-- whatever the statistics (a generic plan made while a partition ahead was
+-- empty would otherwise keep reading it through the key index by id once it
+-- fills).
 WITH lane AS (
     SELECT k.*
     FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
     WHERE l.locked_by = $1
 ), line AS (
-    SELECT lane.topic, lane.partition_key, r.id, r.deliverable, r.leftover
+    SELECT lane.topic, lane.partition_key, r.id, r.created_at, r.deliverable, r.leftover
     FROM lane CROSS JOIN LATERAL (
-        SELECT t.id,
+        SELECT t.id, t.created_at,
                (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable,
                t.locked_by IS NOT NULL AS leftover
         FROM {T} t
@@ -151,8 +165,8 @@ WITH lane AS (
         LIMIT $6
     ) r
 ), run AS (
-    SELECT id, topic, partition_key FROM (
-        SELECT id, topic, partition_key, leftover,
+    SELECT id, created_at, topic, partition_key FROM (
+        SELECT id, created_at, topic, partition_key, leftover,
                bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok,
                COALESCE(bool_or(leftover) OVER (PARTITION BY topic, partition_key ORDER BY id
                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS after_leftover
@@ -160,7 +174,7 @@ WITH lane AS (
     ) x
     WHERE ok AND NOT after_leftover AND NOT (leftover AND $12::boolean)
 ), loose AS (
-    SELECT t.id
+    SELECT t.id, t.created_at
     FROM {T} t
     WHERE t.status = 'pending' AND t.partition_key IS NULL AND t.scheduled_at <= statement_timestamp()
       AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
@@ -174,16 +188,16 @@ WITH lane AS (
         last_error = format('omnibus: gave up after %s attempts: the last delivery''s lease expired without a settlement '
                             '(the process handling it died or lost its lease: a panic past the Recoverer, os.Exit, OOM)', t.attempts)
                      || COALESCE('; the error before: ' || t.last_error, '')
-    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
-      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
+    WHERE (t.id, t.created_at) IN (SELECT id, created_at FROM run UNION ALL SELECT id, created_at FROM loose)
+      AND (t.status = 'pending') IS TRUE AND t.scheduled_at <= statement_timestamp()
       AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
       AND t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts
     RETURNING t.id
 ), picked AS (
     UPDATE {T} t
     SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, attempts = t.attempts + 1
-    WHERE t.id IN (SELECT id FROM run UNION ALL SELECT id FROM loose)
-      AND t.status = 'pending' AND t.scheduled_at <= statement_timestamp()
+    WHERE (t.id, t.created_at) IN (SELECT id, created_at FROM run UNION ALL SELECT id, created_at FROM loose)
+      AND (t.status = 'pending') IS TRUE AND t.scheduled_at <= statement_timestamp()
       AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
       AND NOT (t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts)
     RETURNING t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
