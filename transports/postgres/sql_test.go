@@ -155,37 +155,11 @@ func TestSQLFiles_MissingStatementPanics(t *testing.T) {
 func TestSettle_PlanHashesTheAcksAgainstTheirRows(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
-	ctx := context.Background()
-	table := ob.q.table.quoted()
-	_, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, topic, partition_key, payload)
-		SELECT gen_random_uuid(), 't', 'k' || (i % 1000), '\x00' FROM generate_series(1, 20000) i`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ANALYZE `+table)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+table+` SET locked_by = 'w', attempts = 1 WHERE id IN (SELECT id FROM `+table+` ORDER BY id LIMIT 1000)`)
-	require.NoError(t, err)
-	var ids string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id)::text FROM `+table+` WHERE locked_by = 'w'`).Scan(&ids))
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `PREPARE omnibus_settle_plan AS `+ob.q.settle)
-	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE omnibus_settle_plan`) }()
+	ids, _ := seedLeased(t, pool, ob, 20000)
+	ones := "{" + strings.Repeat("1,", 999) + "1}"
 	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, mode)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, ob.q.settlePlans)
-		require.NoError(t, err)
-		ones := "{" + strings.Repeat("1,", 999) + "1}"
-		rows, err := tx.Query(ctx, `EXPLAIN EXECUTE omnibus_settle_plan('w', '`+ids+`', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '`+ones+`')`)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		require.NoError(t, tx.Rollback(ctx))
-		plan := strings.Join(lines, "\n")
+		plan := explainAfterSettlePlans(t, pool, ob, ob.q.settle, mode,
+			`'w', '`+ids+`', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '`+ones+`'`)
 		assert.NotContains(t, plan, "Join Filter: (t.id = u.id)", "%s: a join filter re-reads the acks for each row:\n%s", mode, plan)
 		assert.NotContains(t, plan, "Nested Loop", "%s: no nested loop over the arrays:\n%s", mode, plan)
 	}
@@ -202,63 +176,66 @@ func TestSettle_PlanHashesTheAcksAgainstTheirRows(t *testing.T) {
 func TestSettle_PlanReadsRowsByIdEvenWhenPlannedOnAnEmptyTable(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
-	ctx := context.Background()
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `PREPARE omnibus_settle_empty AS `+ob.q.settle)
-	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE omnibus_settle_empty`) }()
 	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, mode)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, ob.q.settlePlans)
-		require.NoError(t, err)
-		rows, err := tx.Query(ctx, `EXPLAIN EXECUTE omnibus_settle_empty('w', '{1,2,3}', '{4}', '{5}', '{n}', '{1}', '{false}', '{NULL}', '{e}', '{1}', '{1}', '{1,1,1}')`)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		require.NoError(t, tx.Rollback(ctx))
-		plan := strings.Join(lines, "\n")
+		plan := explainAfterSettlePlans(t, pool, ob, ob.q.settle, mode,
+			`'w', '{1,2,3}', '{4}', '{5}', '{n}', '{1}', '{false}', '{NULL}', '{e}', '{1}', '{1}', '{1,1,1}'`)
 		assert.NotContains(t, plan, "Seq Scan on "+ob.q.table.name, "%s: a settlement reads the whole table:\n%s", mode, plan)
 	}
 }
 
-// Lease renewal addresses its rows by id on a large table: joined with the
-// rows it locks by id alone, the planner hashed the join over a scan of the
-// whole table, every renewal (seen in the partitioned layout's soak).
+// Lease renewal reads the rows of a relay in flight by id: joined with the
+// rows it locks by id alone, on a partition nobody had analysed, the
+// planner hashed the join over a scan of the whole partition, at every
+// renewal (seen in the partitioned layout's soak).
 func TestExtendRows_PlanReadsRowsById(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
+	ids, holder := seedLeased(t, pool, ob, 50000)
+	plan := explainAfterSettlePlans(t, pool, ob, ob.q.extendRows, "auto", `'w', '30s', '`+ids+`'`) // as engine.extend sends it
+	assert.NotContains(t, plan, "Seq Scan on "+strings.Trim(holder, `"`)+" ", "lease renewal reads the whole table:\n%s", plan)
+}
+
+// seedLeased inserts n keyed rows, analyses the table while none is leased,
+// then leases the first thousand to worker "w" (a relay's rows in flight:
+// statistics that expect one leased row). It returns their ids as an array
+// literal and the table, or the partition, that holds them.
+func seedLeased(t *testing.T, pool *pgxpool.Pool, ob *Outbox, n int) (ids, holder string) {
+	t.Helper()
 	ctx := context.Background()
 	table := ob.q.table.quoted()
 	_, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, topic, partition_key, payload)
-		SELECT gen_random_uuid(), 't', 'k' || (i % 1000), '\x00' FROM generate_series(1, 50000) i`)
+		SELECT gen_random_uuid(), 't', 'k' || (i % 1000), '\x00' FROM generate_series(1, $1) i`, n)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `ANALYZE `+table)
 	require.NoError(t, err)
-	// A relay's rows in flight: a thousand of them leased.
 	_, err = pool.Exec(ctx, `UPDATE `+table+` SET locked_by = 'w', attempts = 1 WHERE id IN (SELECT id FROM `+table+` ORDER BY id LIMIT 1000)`)
 	require.NoError(t, err)
-	var ids, holder string // holder: the table, or the partition that holds the rows
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id)::text, min(tableoid::regclass::text) FROM `+table+` WHERE locked_by = 'w'`).Scan(&ids, &holder))
+	return ids, holder
+}
+
+// explainAfterSettlePlans prepares stmt and returns the plan of executing
+// it with args under plan_cache_mode mode, after SettlePlans, in a
+// transaction it rolls back: as the engine sends Settle and ExtendRows.
+func explainAfterSettlePlans(t *testing.T, pool *pgxpool.Pool, ob *Outbox, stmt, mode, args string) string {
+	t.Helper()
+	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(ctx, `PREPARE omnibus_extend_plan AS `+ob.q.extendRows)
+	_, err = conn.Exec(ctx, `PREPARE omnibus_plan_under_test AS `+stmt)
 	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE omnibus_extend_plan`) }()
+	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE omnibus_plan_under_test`) }()
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, ob.q.settlePlans) // as engine.extend sends it
+	_, err = tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, mode)
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, `EXPLAIN EXECUTE omnibus_extend_plan('w', '30s', '`+ids+`')`)
+	_, err = tx.Exec(ctx, ob.q.settlePlans)
+	require.NoError(t, err)
+	rows, err := tx.Query(ctx, `EXPLAIN EXECUTE omnibus_plan_under_test(`+args+`)`)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
-	assert.NotContains(t, plan, "Seq Scan on "+strings.Trim(holder, `"`)+" ", "lease renewal reads the whole table:\n%s", plan)
+	return strings.Join(lines, "\n")
 }
