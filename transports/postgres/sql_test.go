@@ -239,3 +239,33 @@ func explainAfterSettlePlans(t *testing.T, pool *pgxpool.Pool, ob *Outbox, stmt,
 	require.NoError(t, err)
 	return strings.Join(lines, "\n")
 }
+
+// PlanJoins puts back the planner settings SettlePlans turned off, as the
+// session had them (a session that turned sequential scans off itself keeps
+// them off), for the statements after the settlement in engine.next.
+func TestPlanJoins_PutsBackWhatSettlePlansChanged(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	defer func() { _, _ = conn.Exec(ctx, `RESET enable_nestloop; RESET enable_seqscan`) }()
+	for _, session := range []struct{ nestloop, seqscan string }{{"on", "on"}, {"on", "off"}, {"off", "on"}} {
+		_, err := conn.Exec(ctx, `SELECT set_config('enable_nestloop', $1, false), set_config('enable_seqscan', $2, false)`,
+			session.nestloop, session.seqscan)
+		require.NoError(t, err)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		var nestloop, seqscan string
+		_, err = tx.Exec(ctx, ob.q.settlePlans)
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('enable_nestloop'), current_setting('enable_seqscan')`).Scan(&nestloop, &seqscan))
+		assert.Equal(t, []string{"off", "off"}, []string{nestloop, seqscan}, "after SettlePlans")
+		_, err = tx.Exec(ctx, ob.q.planJoins)
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('enable_nestloop'), current_setting('enable_seqscan')`).Scan(&nestloop, &seqscan))
+		assert.Equal(t, []string{session.nestloop, session.seqscan}, []string{nestloop, seqscan}, "after PlanJoins, the session's")
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}
