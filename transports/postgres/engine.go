@@ -218,11 +218,10 @@ func (e *engine) scanNext(br pgx.BatchResults, start time.Time, settled bool) (f
 // starved lists up to n lanes that have been ready and free for at least
 // age without being leased: writers are keeping them locked.
 func (e *engine) starved(ctx context.Context, topic string, age time.Duration, n int) ([]laneKey, error) {
-	rows, err := e.pool.Query(ctx, e.q.starved, age, topicParam(topic), e.group, n)
-	if err != nil {
-		return nil, fmt.Errorf("look for starved lanes of %q: %w", e.q.table, err)
-	}
-	lanes, err := scanLanes(rows)
+	b := &pgx.Batch{}
+	b.Queue(e.q.indexPlans)
+	b.Queue(e.q.starved, age, topicParam(topic), e.group, n)
+	lanes, err := batchLast(ctx, e.pool, b, scanLanes)
 	if err != nil {
 		return nil, fmt.Errorf("look for starved lanes of %q: %w", e.q.table, err)
 	}
@@ -733,10 +732,10 @@ func (e *engine) extendLanes(ctx context.Context, lanes []laneKey) (renewed, los
 		return nil, nil, nil
 	}
 	gs, ts, ks := laneArrays(lanes)
-	rows, err := e.pool.Query(ctx, e.q.extendLanes, e.worker, e.lease, gs, ts, ks)
-	if err == nil {
-		renewed, err = scanLanes(rows)
-	}
+	b := &pgx.Batch{}
+	b.Queue(e.q.indexPlans)
+	b.Queue(e.q.extendLanes, e.worker, e.lease, gs, ts, ks)
+	renewed, err = batchLast(ctx, e.pool, b, scanLanes)
 	if err != nil {
 		return nil, nil, fmt.Errorf("extend leases of %d lanes of %q: %w", len(lanes), e.q.table, err)
 	}
@@ -745,11 +744,10 @@ func (e *engine) extendLanes(ctx context.Context, lanes []laneKey) (renewed, los
 	}
 	rest := minus(lanes, renewed)
 	rg, rt, rk := laneArrays(rest)
-	rows, err = e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
-	if err != nil {
-		return renewed, nil, fmt.Errorf("check lease of %d lanes of %q: %w", len(rest), e.q.table, err)
-	}
-	owned, err := scanLanes(rows)
+	b = &pgx.Batch{}
+	b.Queue(e.q.indexPlans)
+	b.Queue(e.q.ownedLanes, e.worker, rg, rt, rk)
+	owned, err := batchLast(ctx, e.pool, b, scanLanes)
 	if err != nil {
 		return renewed, nil, fmt.Errorf("check lease of %d lanes of %q: %w", len(rest), e.q.table, err)
 	}
@@ -778,6 +776,9 @@ func minus(a, b []laneKey) []laneKey {
 func (e *engine) sweep(ctx context.Context) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, e.q.indexPlans); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, e.q.lockTimeout, "200ms"); err != nil {
 			return err
 		}

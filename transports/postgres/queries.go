@@ -22,6 +22,7 @@ type queries struct {
 	keepLane     string
 	bookkeeping  string
 	generic      string
+	indexPlans   string
 	settlePlans  string
 	planJoins    string
 	starved      string
@@ -56,6 +57,7 @@ func newQueries(t tableName, inbox bool) *queries {
 		keepLane:    r.sql("KeepLane"),
 		bookkeeping: r.sql("Bookkeeping"),
 		generic:     r.sql("GenericPlans"),
+		indexPlans:  r.sql("IndexPlans"),
 		settlePlans: r.sql("SettlePlans"),
 		planJoins:   r.sql("PlanJoins"),
 		starved:     r.sql("StarvedLanes"),
