@@ -218,10 +218,7 @@ func (e *engine) scanNext(br pgx.BatchResults, start time.Time, settled bool) (f
 // starved lists up to n lanes that have been ready and free for at least
 // age without being leased: writers are keeping them locked.
 func (e *engine) starved(ctx context.Context, topic string, age time.Duration, n int) ([]laneKey, error) {
-	b := &pgx.Batch{}
-	b.Queue(e.q.indexPlans)
-	b.Queue(e.q.starved, age, topicParam(topic), e.group, n)
-	lanes, err := batchLast(ctx, e.pool, b, scanLanes)
+	lanes, err := e.lanesByIndex(ctx, e.q.starved, age, topicParam(topic), e.group, n)
 	if err != nil {
 		return nil, fmt.Errorf("look for starved lanes of %q: %w", e.q.table, err)
 	}
@@ -732,10 +729,7 @@ func (e *engine) extendLanes(ctx context.Context, lanes []laneKey) (renewed, los
 		return nil, nil, nil
 	}
 	gs, ts, ks := laneArrays(lanes)
-	b := &pgx.Batch{}
-	b.Queue(e.q.indexPlans)
-	b.Queue(e.q.extendLanes, e.worker, e.lease, gs, ts, ks)
-	renewed, err = batchLast(ctx, e.pool, b, scanLanes)
+	renewed, err = e.lanesByIndex(ctx, e.q.extendLanes, e.worker, e.lease, gs, ts, ks)
 	if err != nil {
 		return nil, nil, fmt.Errorf("extend leases of %d lanes of %q: %w", len(lanes), e.q.table, err)
 	}
@@ -744,14 +738,20 @@ func (e *engine) extendLanes(ctx context.Context, lanes []laneKey) (renewed, los
 	}
 	rest := minus(lanes, renewed)
 	rg, rt, rk := laneArrays(rest)
-	b = &pgx.Batch{}
-	b.Queue(e.q.indexPlans)
-	b.Queue(e.q.ownedLanes, e.worker, rg, rt, rk)
-	owned, err := batchLast(ctx, e.pool, b, scanLanes)
+	owned, err := e.lanesByIndex(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
 	if err != nil {
 		return renewed, nil, fmt.Errorf("check lease of %d lanes of %q: %w", len(rest), e.q.table, err)
 	}
 	return renewed, minus(rest, owned), nil
+}
+
+// lanesByIndex runs the lanes statement sql after IndexPlans, in one
+// implicit transaction (commits stay synchronous), and returns its lanes.
+func (e *engine) lanesByIndex(ctx context.Context, sql string, args ...any) ([]laneKey, error) {
+	b := &pgx.Batch{}
+	b.Queue(e.q.indexPlans)
+	b.Queue(sql, args...)
+	return batchLast(ctx, e.pool, b, scanLanes)
 }
 
 // minus returns the lanes of a that are not in b.
