@@ -819,6 +819,44 @@ func (e *engine) vacuum(ctx context.Context, interval time.Duration) (bool, erro
 	return true, nil
 }
 
+// compactMinDead is how many dead versions the lanes or notes table holds,
+// at least, before a Subscriber compacts it (engine.compact).
+const compactMinDead = 10_000
+
+// deadVersionBytes is less than any lane or note takes in its table's file
+// (a tuple header alone is 24 bytes, its line pointer 4).
+const deadVersionBytes = 32
+
+// compact compacts the lanes table, and then the notes table, when it holds
+// more dead versions than vacuum could remove: at least minDead, and more
+// than four times its live rows, in a file of at least minDead times
+// deadVersionBytes (the counts lag by up to a second, and so still show
+// what a compaction just freed; the size does not). CompactLanes says why
+// and how. Vacuum
+// removes them unless the xmin horizon is pinned, so this is what keeps the
+// tables small behind a long transaction. It returns the tables it
+// compacted; a table it could not lock within the lock timeout is left for
+// the next call (isLockTimeout(err)).
+func (e *engine) compact(ctx context.Context, minDead int64) (compacted []string, err error) {
+	for _, t := range []struct{ name, sql string }{
+		{e.q.table.derived("_lanes").quoted(), e.q.compactLanes},
+		{e.q.table.derived("_notes").quoted(), e.q.compactNotes},
+	} {
+		var dead, live, size int64
+		if err := e.pool.QueryRow(ctx, e.q.deadVersions, t.name).Scan(&dead, &live, &size); err != nil {
+			return compacted, fmt.Errorf("compact %s: count its dead versions: %w", t.name, err)
+		}
+		if dead < minDead || dead <= 4*live || size < minDead*deadVersionBytes {
+			continue
+		}
+		if _, err := e.pool.Exec(ctx, t.sql); err != nil {
+			return compacted, fmt.Errorf("compact %s (%d dead versions, %d live rows): %w", t.name, dead, live, err)
+		}
+		compacted = append(compacted, t.name)
+	}
+	return compacted, nil
+}
+
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {
 	gs, ts, ks = make([]string, len(lanes)), make([]string, len(lanes)), make([]string, len(lanes))
 	for i, l := range lanes {

@@ -37,6 +37,9 @@ type queries struct {
 	extendLanes  string
 	sweep        string
 	vacuum       string
+	deadVersions string
+	compactLanes string
+	compactNotes string
 	vacuumedAgo  string
 	completeRow  string
 	lockTimeout  string
@@ -46,36 +49,39 @@ type queries struct {
 func newQueries(t tableName, inbox bool) *queries {
 	r := vocab{t: t, inbox: inbox}.renderer()
 	q := &queries{
-		table:       t,
-		inbox:       inbox,
-		channel:     t.channel(),
-		leaseLanes:  r.sql("LeaseLanes"),
-		pick:        r.sql("Pick"),
-		takeNotes:   r.sql("TakeNotes"),
-		laneLock:    r.sql("LaneLock"),
-		leaseLane:   r.sql("LeaseLane"),
-		keepLane:    r.sql("KeepLane"),
-		bookkeeping: r.sql("Bookkeeping"),
-		generic:     r.sql("GenericPlans"),
-		indexPlans:  r.sql("IndexPlans"),
-		settlePlans: r.sql("SettlePlans"),
-		planJoins:   r.sql("PlanJoins"),
-		starved:     r.sql("StarvedLanes"),
-		settle:      r.sql("Settle"),
-		lockLanes:   r.sql("LockLanes"),
-		ownedLanes:  r.sql("OwnedLanes"),
-		reconcile:   r.sql("Reconcile"),
-		lockEmpty:   r.sql("LockEmptyLanes"),
-		deleteEmpty: r.sql("DeleteEmptyLanes"),
-		readyLanes:  r.sql("ReadyLanes"),
-		extendRows:  r.sql("ExtendRows"),
-		extendLanes: r.sql("ExtendLanes"),
-		sweep:       r.sql("SweepLanes"),
-		vacuum:      r.sql("VacuumLanes"),
-		vacuumedAgo: r.sql("LanesVacuumedSince"),
-		completeRow: r.sql("CompleteRow"),
-		lockTimeout: r.sql("SetLockTimeout"),
-		notify:      r.sql("Notify"),
+		table:        t,
+		inbox:        inbox,
+		channel:      t.channel(),
+		leaseLanes:   r.sql("LeaseLanes"),
+		pick:         r.sql("Pick"),
+		takeNotes:    r.sql("TakeNotes"),
+		laneLock:     r.sql("LaneLock"),
+		leaseLane:    r.sql("LeaseLane"),
+		keepLane:     r.sql("KeepLane"),
+		bookkeeping:  r.sql("Bookkeeping"),
+		generic:      r.sql("GenericPlans"),
+		indexPlans:   r.sql("IndexPlans"),
+		settlePlans:  r.sql("SettlePlans"),
+		planJoins:    r.sql("PlanJoins"),
+		starved:      r.sql("StarvedLanes"),
+		settle:       r.sql("Settle"),
+		lockLanes:    r.sql("LockLanes"),
+		ownedLanes:   r.sql("OwnedLanes"),
+		reconcile:    r.sql("Reconcile"),
+		lockEmpty:    r.sql("LockEmptyLanes"),
+		deleteEmpty:  r.sql("DeleteEmptyLanes"),
+		readyLanes:   r.sql("ReadyLanes"),
+		extendRows:   r.sql("ExtendRows"),
+		extendLanes:  r.sql("ExtendLanes"),
+		sweep:        r.sql("SweepLanes"),
+		vacuum:       r.sql("VacuumLanes"),
+		deadVersions: r.sql("DeadVersions"),
+		compactLanes: r.sql("CompactLanes"),
+		compactNotes: r.sql("CompactNotes"),
+		vacuumedAgo:  r.sql("LanesVacuumedSince"),
+		completeRow:  r.sql("CompleteRow"),
+		lockTimeout:  r.sql("SetLockTimeout"),
+		notify:       r.sql("Notify"),
 	}
 	if inbox {
 		q.insertInbox = r.sql("InsertInbox")

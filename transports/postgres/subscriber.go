@@ -128,6 +128,10 @@ type SubscriberConfig struct {
 	// Observer, when set, is told the size and duration of every fetch and
 	// settlement batch (Metrics exports them to Prometheus). Nil: off.
 	Observer Observer
+
+	// compactMinDead: see engine.compact. Default compactMinDead; tests
+	// lower it.
+	compactMinDead int64
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -161,6 +165,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.SettleBatch == 0 {
 		c.SettleBatch = DefaultSettleBatch
+	}
+	if c.compactMinDead == 0 {
+		c.compactMinDead = compactMinDead
 	}
 	if c.VacuumInterval == 0 {
 		c.VacuumInterval = DefaultVacuumInterval
@@ -377,7 +384,25 @@ func (s *Subscriber) vacuum() {
 				s.log.Info("omnibus: vacuum of the lanes and notes tables took longer than its interval (a long transaction may be holding the xmin horizon)",
 					"took", took.Round(time.Millisecond), "interval", s.cfg.VacuumInterval)
 			}
+			s.compact(ctx)
 		}
+	}
+}
+
+// compact compacts the lanes and notes tables when vacuum could not remove
+// their dead versions (engine.compact): a long transaction holds the xmin
+// horizon.
+func (s *Subscriber) compact(ctx context.Context) {
+	tables, err := s.eng.compact(ctx, s.cfg.compactMinDead)
+	switch {
+	case err != nil && isLockTimeout(err):
+		s.log.Debug("omnibus: compaction of the lanes and notes tables waited too long for its lock; trying again at the next interval", "error", err)
+	case err != nil && ctx.Err() == nil:
+		s.log.Warn("omnibus: compaction of the lanes and notes tables failed", "error", err)
+	}
+	if len(tables) > 0 {
+		s.log.Info("omnibus: compacted tables whose dead versions vacuum could not remove (a long transaction is holding the xmin horizon)",
+			"tables", tables)
 	}
 }
 

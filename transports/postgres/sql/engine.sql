@@ -481,13 +481,25 @@ WHERE l.locked_by = $1 AND pg_try_advisory_xact_lock({LANE_LOCK_K})
 FOR UPDATE OF l SKIP LOCKED
 
 -- name: DeleteEmptyLanes
+-- A lane's pending rows are looked for from its floor (no row below it is
+-- pending), as a range of (partition_key, id) as in Pick: the key index
+-- still holds an entry for every row of the key completed since the table
+-- was last vacuumed, and behind a pinned horizon each of them is a visit to
+-- the table (from the key's first entry, the lookup read more with every
+-- minute of make soak-horizon). OFFSET 0 keeps the lookup a subquery run
+-- for each lane with the lane's values as the bounds of its index scan:
+-- turned into an anti join, the partitioned layout's plan read every entry
+-- of the key's partitions and applied the bounds as a join filter.
 DELETE FROM {L} l
 USING unnest($1::text[], $2::text[], $3::text[]) AS k(g, topic, pkey)
 WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
   AND NOT EXISTS (
       SELECT 1 FROM {T} t
-      WHERE t.topic = k.topic AND t.partition_key = k.pkey{G_TKG}
-        AND t.status = 'pending')
+      WHERE t.topic = k.topic{G_TKG}
+        AND t.status = 'pending'
+        AND (t.partition_key, t.id) >= (k.pkey, l.floor_id)
+        AND (t.partition_key, t.id) <= (k.pkey, 9223372036854775807)
+      OFFSET 0)
 RETURNING l.consumer_group, l.topic, l.partition_key
 
 -- name: ReadyLanes
@@ -543,6 +555,60 @@ WHERE t.status = 'pending' AND t.partition_key IS NOT NULL
       SELECT 1 FROM {L} l
       WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key)
 ON CONFLICT DO NOTHING
+
+-- name: DeadVersions
+-- The dead versions in a table ($1, its quoted name) that the last vacuum
+-- could not remove (or that came since), its live rows, and its size in
+-- bytes (the counts lag by up to a second; the size does not).
+SELECT coalesce(max(s.n_dead_tup), 0), coalesce(max(s.n_live_tup), 0), pg_relation_size($1::regclass)
+FROM pg_stat_user_tables s
+WHERE s.relid = $1::regclass
+
+-- name: CompactLanes
+-- Compaction of the lanes table behind a pinned xmin horizon (engine.compact).
+-- A long transaction anywhere in the database (a report, a session idle in
+-- transaction, a logical slot) keeps every version the engine leaves in the
+-- lanes table, and VACUUM cannot remove them: every lookup of a lane walks
+-- all its versions since the pin, and the relay's transactions, and the
+-- writers waiting for their key's advisory lock, slow down minute by minute
+-- (make soak-horizon). TRUNCATE frees them whatever the horizon, so the
+-- live lanes are copied out, the table truncated and the lanes put back, in
+-- one transaction under an ACCESS EXCLUSIVE lock: nobody sees the table
+-- between the two. The lock is waited for at most 100 ms (lock_timeout);
+-- writers and fetches that arrive meanwhile queue behind the request, so
+-- that is the longest they wait for it, and a compaction that cannot have
+-- the table at once is tried again at the next interval. A transaction
+-- whose snapshot is older than the compaction sees the table empty
+-- (TRUNCATE is not MVCC-safe); no statement of omnibus reads the lanes
+-- with such a snapshot (writers in REPEATABLE READ or SERIALIZABLE
+-- transactions do not trust what theirs says of a lane, and leave a note).
+DO $do$
+DECLARE
+    kept {L}[];
+BEGIN
+    SET LOCAL lock_timeout = '100ms';
+    LOCK TABLE {L} IN ACCESS EXCLUSIVE MODE;
+    kept := ARRAY(SELECT l FROM {L} l);
+    TRUNCATE {L};
+    INSERT INTO {L} SELECT * FROM unnest(kept);
+END
+$do$
+
+-- name: CompactNotes
+-- The same for the notes table (CompactLanes): writers insert notes and
+-- fetches delete them, so behind a pinned horizon each fetch's first
+-- statement walks every note ever taken. The notes keep their ids.
+DO $do$
+DECLARE
+    kept {N}[];
+BEGIN
+    SET LOCAL lock_timeout = '100ms';
+    LOCK TABLE {N} IN ACCESS EXCLUSIVE MODE;
+    kept := ARRAY(SELECT n FROM {N} n);
+    TRUNCATE {N};
+    INSERT INTO {N} OVERRIDING SYSTEM VALUE SELECT * FROM unnest(kept);
+END
+$do$
 
 -- name: CompleteRow
 -- Subscriber.CompleteInTx (was completeRowSQL in inbox_queries.go): completes

@@ -1,0 +1,248 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnibus-go/omnibus/internal/testenv"
+)
+
+// pinHorizon opens a REPEATABLE READ transaction with its snapshot taken, as
+// a long report does: until it ends, VACUUM removes no version that a later
+// transaction made dead. It ends when the test does.
+func pinHorizon(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	report, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = report.Rollback(ctx) })
+	var one int
+	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(&one))
+	return report
+}
+
+// TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon: with
+// a long transaction open, VACUUM leaves every dead version of the lanes
+// and notes tables in place; compaction frees them and keeps every live
+// lane and note exactly as it was. Below its threshold it does nothing.
+func TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes, notes := ob.q.table.derived("_lanes").quoted(), ob.q.table.derived("_notes").quoted()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	for i := range 20 {
+		enqueue(t, pool, ob, "t", event(fmt.Sprintf("k%02d", i), "x"))
+	}
+	takeNotes(t, pool, ob.q) // 20 lanes
+	for i := range 20 {
+		exec(`INSERT INTO `+notes+` (topic, partition_key, ready_at) VALUES ('t', $1, now())`, fmt.Sprintf("n%02d", i))
+	}
+	exec(`UPDATE ` + lanes + ` SET locked_by = 'w', locked_until = now() + interval '1 minute', floor_id = 7 WHERE partition_key = 'k03'`)
+	report := pinHorizon(t, pool)
+
+	// Versions the open report keeps: 60 leases of every lane, and 900
+	// notes left and taken.
+	for range 60 {
+		exec(`UPDATE ` + lanes + ` SET ready_at = ready_at WHERE partition_key <> 'k03'`)
+	}
+	for range 30 {
+		exec(`INSERT INTO ` + notes + ` (topic, partition_key, ready_at) SELECT 't', 'gone' || g, now() FROM generate_series(1, 30) g`)
+		exec(`DELETE FROM ` + notes + ` WHERE partition_key LIKE 'gone%'`)
+	}
+	exec(`VACUUM ` + lanes + `, ` + notes)
+	e := testEngine(pool, ob, "relay", 16)
+	dead := func(rel string) (dead, live int64) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, e.q.deadVersions, rel).Scan(&dead, &live, new(int64)))
+		return dead, live
+	}
+	laneDead, laneLive := dead(lanes)
+	noteDead, _ := dead(notes)
+	require.GreaterOrEqual(t, laneDead, int64(1000), "the pinned horizon kept the lanes' dead versions (%d live)", laneLive)
+	require.GreaterOrEqual(t, noteDead, int64(500), "the pinned horizon kept the notes' dead versions")
+
+	contents := func(rel, order string) string {
+		t.Helper()
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT string_agg(x::text, E'\n' ORDER BY `+order+`) FROM `+rel+` x`).Scan(&s))
+		return s
+	}
+	size := func(rel string) (n int64) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, rel).Scan(&n))
+		return n
+	}
+	lanesBefore, notesBefore := contents(lanes, "x.partition_key"), contents(notes, "x.id")
+	laneSize, noteSize := size(lanes), size(notes)
+
+	compacted, err := e.compact(ctx, 500)
+	require.NoError(t, err)
+	assert.Equal(t, []string{lanes, notes}, compacted)
+	assert.Equal(t, lanesBefore, contents(lanes, "x.partition_key"), "every live lane kept, lease and floor included")
+	assert.Equal(t, notesBefore, contents(notes, "x.id"), "every live note kept, with its id")
+	assert.Less(t, size(lanes), laneSize/2, "the lanes' dead versions freed")
+	assert.Less(t, size(notes), noteSize/2, "the notes' dead versions freed")
+
+	compacted, err = e.compact(ctx, 500)
+	require.NoError(t, err)
+	assert.Empty(t, compacted, "nothing to compact right after a compaction")
+	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(new(int)), "the long transaction is unharmed")
+}
+
+// TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering:
+// writers and a relay run while a long transaction pins the horizon and
+// the Subscriber compacts the lanes and notes tables again and again; every
+// event arrives once, in its key's order.
+func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes := ob.q.table.derived("_lanes").quoted()
+	pinHorizon(t, pool)
+
+	const writers, keysPerWriter, perKey = 4, 5, 60
+	sub, err := NewSubscriber(pool, SubscriberConfig{
+		Table: ob.Table(), WorkerID: "relay", VacuumInterval: 50 * time.Millisecond, compactMinDead: 50,
+	}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(ctx, "c")
+	require.NoError(t, err)
+
+	// Compactions give the lanes table a new file each time.
+	files := map[uint32]bool{}
+	var filesMu sync.Mutex
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for watchCtx.Err() == nil {
+			var f uint32
+			if pool.QueryRow(watchCtx, `SELECT pg_relation_filenode($1::regclass)`, lanes).Scan(&f) == nil {
+				filesMu.Lock()
+				files[f] = true
+				filesMu.Unlock()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			// Each transaction writes the next event of three of the
+			// writer's keys.
+			for i := range perKey * keysPerWriter / 3 {
+				var batch []string
+				for j := range 3 {
+					n := i*3 + j
+					batch = append(batch, fmt.Sprintf("w%d-k%d:%d", w, n%keysPerWriter, n/keysPerWriter))
+				}
+				tx, err := pool.Begin(ctx)
+				if !assert.NoError(t, err) {
+					return
+				}
+				for _, b := range batch {
+					key, _, _ := strings.Cut(b, ":")
+					if !assert.NoError(t, ob.Enqueue(ctx, tx, "c", event(key, b))) {
+						_ = tx.Rollback(ctx)
+						return
+					}
+				}
+				assert.NoError(t, tx.Commit(ctx))
+			}
+		})
+	}
+
+	next := map[string]int{}
+	total := writers * keysPerWriter * perKey
+	deadline := time.After(60 * time.Second)
+	for got := 0; got < total; got++ {
+		select {
+		case m := <-msgs:
+			key, seq, _ := strings.Cut(string(m.Payload), ":")
+			n, err := strconv.Atoi(seq)
+			require.NoError(t, err)
+			require.Equal(t, next[key], n, "key %s: event %d arrived when %d was due", key, n, next[key])
+			next[key]++
+			m.Ack()
+		case <-deadline:
+			t.Fatalf("%d of %d events arrived within 60s", got, total)
+		}
+	}
+	wg.Wait()
+	stopWatch()
+	<-watched
+	for k := range writers * keysPerWriter {
+		assert.Equal(t, perKey, next[fmt.Sprintf("w%d-k%d", k/keysPerWriter, k%keysPerWriter)])
+	}
+	select {
+	case m := <-msgs:
+		t.Fatalf("an event arrived twice: %s", m.Payload)
+	case <-time.After(300 * time.Millisecond):
+	}
+	filesMu.Lock()
+	defer filesMu.Unlock()
+	assert.GreaterOrEqual(t, len(files), 3, "the lanes table was compacted at least twice while the relay ran")
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		var pending int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+ob.q.table.quoted()+` WHERE status <> 'completed'`).Scan(&pending))
+		return pending == 0
+	}, "every row completed")
+}
+
+// TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor: deciding that a
+// drained lane is empty reads the key index from the lane's floor, not from
+// the key's first entry. Behind a pinned horizon the index keeps an entry
+// for every completed row of the key, and each is a visit to the table.
+func TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	msgs := make([]*message.Message, 300)
+	for i := range msgs {
+		msgs[i] = event("k", fmt.Sprintf("r%d", i))
+	}
+	enqueue(t, pool, ob, "t", msgs...)
+	takeNotes(t, pool, ob.q)
+	pinHorizon(t, pool)
+	table, lanes := ob.q.table.quoted(), ob.q.table.derived("_lanes").quoted()
+	_, err := pool.Exec(ctx, `UPDATE `+table+` SET status = 'completed', completed_at = now()`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+lanes+` SET locked_by = 'relay', floor_id = (SELECT max(id) + 1 FROM `+table+`)`)
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	read := func() (n int64) {
+		t.Helper()
+		require.NoError(t, tx.QueryRow(ctx, `
+SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(i.indexrelid)), 0)::bigint FROM pg_index i
+WHERE i.indrelid IN (SELECT relid FROM pg_partition_tree($1::regclass))`, table).Scan(&n))
+		return n
+	}
+	before := read()
+	rows, err := tx.Query(ctx, ob.q.deleteEmpty, []string{""}, []string{"t"}, []string{"k"})
+	require.NoError(t, err)
+	deleted, err := scanLanes(rows)
+	require.NoError(t, err)
+	assert.Len(t, deleted, 1, "the drained lane is deleted")
+	assert.Less(t, read()-before, int64(30), "index entries of the key's 300 completed rows read")
+}
