@@ -246,3 +246,81 @@ WHERE i.indrelid IN (SELECT relid FROM pg_partition_tree($1::regclass))`, table)
 	assert.Len(t, deleted, 1, "the drained lane is deleted")
 	assert.Less(t, read()-before, int64(30), "index entries of the key's 300 completed rows read")
 }
+
+// TestTakeNotes_ALaneMadeFromNotesStartsAtTheirFirstRow: a key that drained
+// and lost its lane gets it back from its next writers' notes with its
+// floor at the first of their rows, so no lookup of the new lane walks the
+// rows the key completed before; a note below a lane's floor moves the
+// floor down to it.
+func TestTakeNotes_ALaneMadeFromNotesStartsAtTheirFirstRow(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	table, lanes, notes := ob.q.table.quoted(), ob.q.table.derived("_lanes").quoted(), ob.q.table.derived("_notes").quoted()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	floor := func() (f int64) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT floor_id FROM `+lanes+` WHERE partition_key = 'k'`).Scan(&f))
+		return f
+	}
+	for i := range 50 {
+		enqueue(t, pool, ob, "t", event("k", fmt.Sprintf("old%d", i)))
+	}
+	takeNotes(t, pool, ob.q)
+	// The key drains: its rows complete and its lane goes, as a give-back does.
+	exec(`UPDATE ` + table + ` SET status = 'completed', completed_at = now()`)
+	exec(`DELETE FROM ` + lanes)
+
+	enqueue(t, pool, ob, "t", event("k", "new0"), event("k", "new1"))
+	var first int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM `+table+` WHERE status = 'pending'`).Scan(&first))
+	takeNotes(t, pool, ob.q)
+	assert.Equal(t, first, floor(), "the lane made again starts at its first pending row")
+
+	e := testEngine(pool, ob, "relay", 16)
+	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	assert.Equal(t, []string{"new0", "new1"}, payloads(res.units[0].rows))
+
+	// A note below the floor (a row whose writer committed after the lane
+	// was made from the others) moves it down.
+	exec(`INSERT INTO ` + notes + ` (topic, partition_key, ready_at, row_id) VALUES ('t', 'k', now(), 7)`)
+	takeNotes(t, pool, ob.q)
+	assert.EqualValues(t, 7, floor())
+}
+
+// TestPick_StartsAtANoteNotYetTakenBelowTheFloor: a writer that commits
+// after a fetch took the notes but before it leased the key has a note the
+// fetch did not take, and a row below the floor of the lane made from the
+// others; the fetch hands that row out first.
+func TestPick_StartsAtANoteNotYetTakenBelowTheFloor(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	table, lanes, notes := ob.q.table.quoted(), ob.q.table.derived("_lanes").quoted(), ob.q.table.derived("_notes").quoted()
+	enqueue(t, pool, ob, "t", event("k", "first"), event("k", "second"))
+	var first, second int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id), max(id) FROM `+table).Scan(&first, &second))
+	// The lane as a fetch made it from the second writer's note alone; the
+	// first writer's note is still there.
+	_, err := pool.Exec(ctx, `DELETE FROM `+notes)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+lanes+` (topic, partition_key, ready_at, floor_id) VALUES ('t', 'k', now(), $1)`, second)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+notes+` (topic, partition_key, ready_at, row_id) VALUES ('t', 'k', now(), $1)`, first)
+	require.NoError(t, err)
+
+	// Lease the lane and pick, without taking the note first.
+	e := testEngine(pool, ob, "relay", 16)
+	res, err := e.inTx(ctx, func(b *pgx.Batch) {
+		b.Queue(ob.q.leaseLanes, e.worker, e.lease, 10, nil, e.group)
+	}, nil, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	assert.Equal(t, []string{"first", "second"}, payloads(res.units[0].rows), "the row below the floor goes first")
+}

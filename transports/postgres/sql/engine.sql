@@ -63,19 +63,25 @@ RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
 -- took up to 11 s per fetch once thousands had piled up (seen after a
 -- vacuum in make soak-horizon). id = ANY(array) is read from the primary
 -- key, or hashed in a scan, whatever the estimate.
+--
+-- A lane made from notes starts its floor at the smallest row id of its
+-- notes (migration 0008), and a note with a smaller id than a lane's floor
+-- (a writer that committed after the lane was made from the others, or a
+-- lane a requeue made) moves the floor down to it.
 WITH n AS (
     DELETE FROM {N} n
     WHERE n.id = ANY(ARRAY(SELECT x.id FROM {N} x ORDER BY x.id LIMIT 1000 FOR UPDATE SKIP LOCKED))
-    RETURNING n.consumer_group, n.topic, n.partition_key, n.ready_at
+    RETURNING n.consumer_group, n.topic, n.partition_key, n.ready_at, n.row_id
 )
-INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at)
-SELECT n.consumer_group, n.topic, n.partition_key, min(n.ready_at)
+INSERT INTO {L} AS l (consumer_group, topic, partition_key, ready_at, floor_id)
+SELECT n.consumer_group, n.topic, n.partition_key, min(n.ready_at), min(n.row_id)
 FROM n
 GROUP BY 1, 2, 3
 ORDER BY 1, 2, 3
 ON CONFLICT (consumer_group, topic, partition_key)
-DO UPDATE SET ready_at = EXCLUDED.ready_at
-WHERE l.ready_at > EXCLUDED.ready_at AND NOT l.blocked
+DO UPDATE SET ready_at = CASE WHEN l.ready_at > EXCLUDED.ready_at AND NOT l.blocked THEN EXCLUDED.ready_at ELSE l.ready_at END,
+              floor_id = LEAST(l.floor_id, EXCLUDED.floor_id)
+WHERE (l.ready_at > EXCLUDED.ready_at AND NOT l.blocked) OR l.floor_id > EXCLUDED.floor_id
 
 -- name: Pick
 -- Both statements compare with statement_timestamp(), not now(): now()
@@ -132,8 +138,20 @@ WHERE l.ready_at > EXCLUDED.ready_at AND NOT l.blocked
 -- whatever the statistics (a generic plan made while a partition ahead was
 -- empty would otherwise keep reading it through the key index by id once it
 -- fills).
+--
+-- A lane's rows are read from its floor, or from the smallest row id of the
+-- key's notes not yet taken when that is lower: a writer that committed
+-- after this fetch took the notes (a lane made from notes starts at their
+-- smallest id, TakeNotes) but before it leased the lane has a note and
+-- may have a row below the floor. Not so for a key's next run ($12): its
+-- start ($11) is one past the last row its relay handed out, and every row
+-- below that was in the snapshot of the pick that handed it out.
 WITH lane AS (
-    SELECT k.*
+    SELECT k.consumer_group, k.topic, k.partition_key,
+           CASE WHEN $12::boolean THEN k.floor_id
+                ELSE LEAST(k.floor_id, (SELECT min(n.row_id) FROM {N} n
+                                        WHERE n.consumer_group = k.consumer_group AND n.topic = k.topic
+                                          AND n.partition_key = k.partition_key)) END AS floor_id
     FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
     WHERE l.locked_by = $1
@@ -396,8 +414,12 @@ JOIN unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
 WHERE l.locked_by = $1
 
 -- name: Reconcile
+-- The lane's rows are looked at from its floor, or from the smallest row
+-- id of the key's notes not yet taken when that is lower (see Pick).
 WITH k AS (
-    SELECT k.*, l.floor_id
+    SELECT k.*, LEAST(l.floor_id, (SELECT min(n.row_id) FROM {N} n
+                                   WHERE n.consumer_group = k.consumer_group AND n.topic = k.topic
+                                     AND n.partition_key = k.partition_key)) AS floor_id
     FROM unnest($1::text[], $2::text[], $3::text[], $6::bigint[]) AS k(consumer_group, topic, partition_key, last_id)
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
 ), state AS (
