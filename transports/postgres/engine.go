@@ -832,11 +832,10 @@ const deadVersionBytes = 32
 // than four times its live rows, in a file of at least minDead times
 // deadVersionBytes (the counts lag by up to a second, and so still show
 // what a compaction just freed; the size does not). CompactLanes says why
-// and how. Vacuum
-// removes them unless the xmin horizon is pinned, so this is what keeps the
-// tables small behind a long transaction. It returns the tables it
-// compacted; a table it could not lock within the lock timeout is left for
-// the next call (isLockTimeout(err)).
+// and how. Vacuum removes them unless the xmin horizon is pinned, so this
+// is what keeps the tables small behind a long transaction. It returns the
+// tables it compacted; a table it could not lock within the lock timeout is
+// left for the next call (isLockTimeout(err)).
 func (e *engine) compact(ctx context.Context, minDead int64) (compacted []string, err error) {
 	for _, t := range []struct{ name, sql string }{
 		{e.q.table.derived("_lanes").quoted(), e.q.compactLanes},

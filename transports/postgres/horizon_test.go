@@ -105,6 +105,52 @@ func TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon(t *testi
 	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(new(int)), "the long transaction is unharmed")
 }
 
+// TestCompact_GivesUpAfterItsLockTimeout: a compaction that cannot have
+// the lanes table within its lock timeout (a writer's transaction holds a
+// lock on it) gives up with a lock timeout, changes nothing, and succeeds
+// once the transaction ends.
+func TestCompact_GivesUpAfterItsLockTimeout(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes := ob.q.table.derived("_lanes").quoted()
+	for i := range 20 {
+		enqueue(t, pool, ob, "t", event(fmt.Sprintf("k%02d", i), "x"))
+	}
+	takeNotes(t, pool, ob.q)
+	pinHorizon(t, pool)
+	for range 60 {
+		_, err := pool.Exec(ctx, `UPDATE `+lanes+` SET ready_at = ready_at`)
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, `VACUUM `+lanes)
+	require.NoError(t, err)
+
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(ctx) }()
+	_, err = writer.Exec(ctx, `SELECT 1 FROM `+lanes+` LIMIT 1`)
+	require.NoError(t, err)
+
+	e := testEngine(pool, ob, "relay", 16)
+	start := time.Now()
+	compacted, err := e.compact(ctx, 500)
+	require.Error(t, err)
+	assert.True(t, isLockTimeout(err), "a lock timeout, got %v", err)
+	assert.Less(t, time.Since(start), 2*time.Second, "it waited its lock timeout, not for the writer")
+	assert.Empty(t, compacted)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes).Scan(&n))
+	assert.Equal(t, 20, n, "no lane lost")
+
+	require.NoError(t, writer.Commit(ctx))
+	compacted, err = e.compact(ctx, 500)
+	require.NoError(t, err)
+	assert.Equal(t, []string{lanes}, compacted)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes).Scan(&n))
+	assert.Equal(t, 20, n)
+}
+
 // TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering:
 // writers and a relay run while a long transaction pins the horizon and
 // the Subscriber compacts the lanes and notes tables again and again; every

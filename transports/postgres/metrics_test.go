@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -340,12 +339,7 @@ func TestStatsCollector_ShowsTheHorizonAndTheDeadVersions(t *testing.T) {
 	}
 	takeNotes(t, f.pool, f.ob.q)
 
-	// A report left open: a REPEATABLE READ transaction with its snapshot.
-	report, err := f.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	defer func() { _ = report.Rollback(ctx) }()
-	var one int
-	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(&one))
+	pinHorizon(t, f.pool) // a report left open
 
 	// Every row completed, every lane gone: dead versions the open report
 	// keeps vacuum from removing.
