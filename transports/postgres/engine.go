@@ -834,26 +834,28 @@ const deadVersionBytes = 32
 // what a compaction just freed; the size does not). CompactLanes says why
 // and how. Vacuum removes them unless the xmin horizon is pinned, so this
 // is what keeps the tables small behind a long transaction. It returns the
-// tables it compacted; a table it could not lock within the lock timeout is
-// left for the next call (isLockTimeout(err)).
-func (e *engine) compact(ctx context.Context, minDead int64) (compacted []string, err error) {
+// tables it compacted, and whether any table was over the threshold (a
+// table it could not lock within the lock timeout is left for the next call,
+// isLockTimeout(err)).
+func (e *engine) compact(ctx context.Context, minDead int64) (compacted []string, over bool, err error) {
 	for _, t := range []struct{ name, sql string }{
 		{e.q.table.derived("_lanes").quoted(), e.q.compactLanes},
 		{e.q.table.derived("_notes").quoted(), e.q.compactNotes},
 	} {
 		var dead, live, size int64
 		if err := e.pool.QueryRow(ctx, e.q.deadVersions, t.name).Scan(&dead, &live, &size); err != nil {
-			return compacted, fmt.Errorf("compact %s: count its dead versions: %w", t.name, err)
+			return compacted, over, fmt.Errorf("compact %s: count its dead versions: %w", t.name, err)
 		}
 		if dead < minDead || dead <= 4*live || size < minDead*deadVersionBytes {
 			continue
 		}
+		over = true
 		if _, err := e.pool.Exec(ctx, t.sql); err != nil {
-			return compacted, fmt.Errorf("compact %s (%d dead versions, %d live rows): %w", t.name, dead, live, err)
+			return compacted, over, fmt.Errorf("compact %s (%d dead versions, %d live rows): %w", t.name, dead, live, err)
 		}
 		compacted = append(compacted, t.name)
 	}
-	return compacted, nil
+	return compacted, over, nil
 }
 
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {

@@ -91,7 +91,7 @@ func TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon(t *testi
 	lanesBefore, notesBefore := contents(lanes, "x.partition_key"), contents(notes, "x.id")
 	laneSize, noteSize := size(lanes), size(notes)
 
-	compacted, err := e.compact(ctx, 500)
+	compacted, _, err := e.compact(ctx, 500)
 	require.NoError(t, err)
 	assert.Equal(t, []string{lanes, notes}, compacted)
 	assert.Equal(t, lanesBefore, contents(lanes, "x.partition_key"), "every live lane kept, lease and floor included")
@@ -99,7 +99,7 @@ func TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon(t *testi
 	assert.Less(t, size(lanes), laneSize/2, "the lanes' dead versions freed")
 	assert.Less(t, size(notes), noteSize/2, "the notes' dead versions freed")
 
-	compacted, err = e.compact(ctx, 500)
+	compacted, _, err = e.compact(ctx, 500)
 	require.NoError(t, err)
 	assert.Empty(t, compacted, "nothing to compact right after a compaction")
 	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(new(int)), "the long transaction is unharmed")
@@ -134,7 +134,7 @@ func TestCompact_GivesUpAfterItsLockTimeout(t *testing.T) {
 
 	e := testEngine(pool, ob, "relay", 16)
 	start := time.Now()
-	compacted, err := e.compact(ctx, 500)
+	compacted, _, err := e.compact(ctx, 500)
 	require.Error(t, err)
 	assert.True(t, isLockTimeout(err), "a lock timeout, got %v", err)
 	assert.Less(t, time.Since(start), 2*time.Second, "it waited its lock timeout, not for the writer")
@@ -144,7 +144,7 @@ func TestCompact_GivesUpAfterItsLockTimeout(t *testing.T) {
 	assert.Equal(t, 20, n, "no lane lost")
 
 	require.NoError(t, writer.Commit(ctx))
-	compacted, err = e.compact(ctx, 500)
+	compacted, _, err = e.compact(ctx, 500)
 	require.NoError(t, err)
 	assert.Equal(t, []string{lanes}, compacted)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes).Scan(&n))
@@ -257,6 +257,54 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 // drained lane is empty reads the key index from the lane's floor, not from
 // the key's first entry. Behind a pinned horizon the index keeps an entry
 // for every completed row of the key, and each is a visit to the table.
+// Behind a pinned horizon the lanes table gains dead versions faster than
+// one compaction per vacuum interval keeps up with (a few per event), so a
+// relay whose last vacuum left them looks again between its vacuums.
+func TestSubscriber_CompactsBetweenItsVacuumsWhileTheHorizonIsPinned(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes := ob.q.table.derived("_lanes").quoted()
+	pinHorizon(t, pool)
+
+	const vacuumEvery = 10 * time.Second
+	sub, err := NewSubscriber(pool, SubscriberConfig{
+		Table: ob.Table(), WorkerID: "relay", VacuumInterval: vacuumEvery, compactMinDead: 200,
+	}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+
+	// Lanes of a consumer group no relay of the outbox reads, each updated
+	// 20 times: 400 dead versions the pinned horizon keeps from vacuum.
+	_, err = pool.Exec(ctx, `INSERT INTO `+lanes+` (consumer_group, topic, partition_key, ready_at)
+		SELECT 'elsewhere', 'c', 'k' || i, 'infinity' FROM generate_series(1, 20) i`)
+	require.NoError(t, err)
+	churn := func() {
+		for range 20 {
+			_, err := pool.Exec(ctx, `UPDATE `+lanes+` SET blocked = NOT blocked WHERE consumer_group = 'elsewhere'`)
+			require.NoError(t, err)
+		}
+	}
+	file := func() (f uint32) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_relation_filenode($1::regclass)`, lanes).Scan(&f))
+		return f
+	}
+
+	churn()
+	first := file()
+	testenv.Eventually(t, 2*vacuumEvery, func() bool { return file() != first },
+		"the lanes table compacted after the relay's first vacuum")
+
+	// The next vacuum is a whole interval away; the next look is a tenth.
+	churn()
+	second := file()
+	testenv.Eventually(t, vacuumEvery/2, func() bool { return file() != second },
+		"the lanes table compacted again within half a vacuum interval")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes+` WHERE consumer_group = 'elsewhere'`).Scan(&n))
+	assert.Equal(t, 20, n, "every lane survived both compactions")
+}
+
 func TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)

@@ -357,6 +357,12 @@ func (s *Subscriber) Close() error {
 // Close (skipping a turn when another process just did), in a goroutine of
 // its own: a vacuum of tables bloated behind a
 // pinned horizon can take long, and must not delay lease renewals.
+//
+// After each vacuum it looks for dead versions the vacuum could not remove
+// (compact). While it finds them (a long transaction holds the xmin
+// horizon) it looks again every compactCheckInterval between vacuums: the
+// lanes and notes tables gain a few dead versions per event, and every
+// writer's lookup and every fetch walks them until the next compaction.
 func (s *Subscriber) vacuum() {
 	defer s.wg.Done()
 	if s.cfg.VacuumInterval <= 0 {
@@ -364,12 +370,15 @@ func (s *Subscriber) vacuum() {
 	}
 	t := time.NewTicker(s.cfg.VacuumInterval)
 	defer t.Stop()
+	check := time.NewTicker(compactCheckInterval(s.cfg.VacuumInterval))
+	defer check.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		<-s.closing
 		cancel()
 	}()
+	pinned := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -384,19 +393,30 @@ func (s *Subscriber) vacuum() {
 				s.log.Info("omnibus: vacuum of the lanes and notes tables took longer than its interval (a long transaction may be holding the xmin horizon)",
 					"took", took.Round(time.Millisecond), "interval", s.cfg.VacuumInterval)
 			}
-			s.compact(ctx)
+			pinned = s.compact(ctx)
+		case <-check.C:
+			if pinned {
+				s.compact(ctx)
+			}
 		}
 	}
 }
 
+// compactCheckInterval is how often a Subscriber looks for dead versions to
+// compact between its vacuums while the last vacuum left them: a tenth of
+// the vacuum interval, at least half a second.
+func compactCheckInterval(vacuum time.Duration) time.Duration {
+	return max(vacuum/10, 500*time.Millisecond)
+}
+
 // compact compacts the lanes and notes tables when vacuum could not remove
 // their dead versions (engine.compact): a long transaction holds the xmin
-// horizon.
-func (s *Subscriber) compact(ctx context.Context) {
-	tables, err := s.eng.compact(ctx, s.cfg.compactMinDead)
+// horizon. It reports whether a table held that many.
+func (s *Subscriber) compact(ctx context.Context) bool {
+	tables, over, err := s.eng.compact(ctx, s.cfg.compactMinDead)
 	switch {
 	case err != nil && isLockTimeout(err):
-		s.log.Debug("omnibus: compaction of the lanes and notes tables waited too long for its lock; trying again at the next interval", "error", err)
+		s.log.Debug("omnibus: compaction of the lanes and notes tables waited too long for its lock; trying again", "error", err)
 	case err != nil && ctx.Err() == nil:
 		s.log.Warn("omnibus: compaction of the lanes and notes tables failed", "error", err)
 	}
@@ -404,6 +424,7 @@ func (s *Subscriber) compact(ctx context.Context) {
 		s.log.Info("omnibus: compacted tables whose dead versions vacuum could not remove (a long transaction is holding the xmin horizon)",
 			"tables", tables)
 	}
+	return over
 }
 
 // partitions maintains the partitions of a table in the partitioned layout
