@@ -404,7 +404,7 @@ func (s *Subscriber) vacuum() {
 
 // compactCheckInterval is how often a Subscriber looks for dead versions to
 // compact between its vacuums while the last vacuum left them: a tenth of
-// the vacuum interval, at least half a second.
+// the vacuum interval, never less than half a second.
 func compactCheckInterval(vacuum time.Duration) time.Duration {
 	return max(vacuum/10, 500*time.Millisecond)
 }
