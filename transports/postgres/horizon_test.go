@@ -253,10 +253,6 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 	}, "every row completed")
 }
 
-// TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor: deciding that a
-// drained lane is empty reads the key index from the lane's floor, not from
-// the key's first entry. Behind a pinned horizon the index keeps an entry
-// for every completed row of the key, and each is a visit to the table.
 // Behind a pinned horizon the lanes table gains dead versions faster than
 // one compaction per vacuum interval keeps up with (a few per event), so a
 // relay whose last vacuum left them looks again between its vacuums.
@@ -314,6 +310,10 @@ func TestSubscriber_CompactsBetweenItsVacuumsWhileTheHorizonIsPinned(t *testing.
 	assert.Equal(t, 20, n, "every lane survived both compactions")
 }
 
+// TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor: deciding that a
+// drained lane is empty reads the key index from the lane's floor, not from
+// the key's first entry. Behind a pinned horizon the index keeps an entry
+// for every completed row of the key, and each is a visit to the table.
 func TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
