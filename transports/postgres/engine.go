@@ -833,21 +833,11 @@ const deadVersionBytes = 32
 // deadVersionBytes (the counts lag by up to a second, and so still show
 // what a compaction just freed; the size does not). CompactLanes says why
 // and how. Vacuum removes them unless the xmin horizon is pinned, so this
-// is what keeps the tables small behind a long transaction.
-//
-// grown, when not nil, holds the size of each table's file right after
-// this relay last compacted it; compact keeps it up to date. Between vacuums
-// (bySize) a table is also compacted when its file grew by minDead times
-// grownVersionBytes since then: behind a pinned horizon the file grows only by new versions, and its
-// size does not lag as the counts do (a session reports its counts when it
-// goes idle, and up to 10 s later while other sessions hold the database's
-// statistics entry: dead lane versions reached 54,000 on the stand with a
-// look every second).
-//
-// It returns the tables it compacted, and whether any table was over a
-// threshold (a table it could not lock within the lock timeout is left for
-// the next call, isLockTimeout(err)).
-func (e *engine) compact(ctx context.Context, minDead int64, grown map[string]int64, bySize bool) (compacted []string, over bool, err error) {
+// is what keeps the tables small behind a long transaction. It returns the
+// tables it compacted, and whether any table was over the threshold (a
+// table it could not lock within the lock timeout is left for the next call,
+// isLockTimeout(err)).
+func (e *engine) compact(ctx context.Context, minDead int64) (compacted []string, over bool, err error) {
 	for _, t := range []struct{ name, sql string }{
 		{e.q.table.derived("_lanes").quoted(), e.q.compactLanes},
 		{e.q.table.derived("_notes").quoted(), e.q.compactNotes},
@@ -856,30 +846,17 @@ func (e *engine) compact(ctx context.Context, minDead int64, grown map[string]in
 		if err := e.pool.QueryRow(ctx, e.q.deadVersions, t.name).Scan(&dead, &live, &size); err != nil {
 			return compacted, over, fmt.Errorf("compact %s: count its dead versions: %w", t.name, err)
 		}
-		counted := dead >= minDead && dead > 4*live && size >= minDead*deadVersionBytes
-		after, known := grown[t.name]
-		if !counted && !(bySize && known && size-after >= minDead*grownVersionBytes) {
+		if dead < minDead || dead <= 4*live || size < minDead*deadVersionBytes {
 			continue
 		}
 		over = true
 		if _, err := e.pool.Exec(ctx, t.sql); err != nil {
-			return compacted, over, fmt.Errorf("compact %s (%d dead versions, %d live rows, %d bytes): %w", t.name, dead, live, size, err)
+			return compacted, over, fmt.Errorf("compact %s (%d dead versions, %d live rows): %w", t.name, dead, live, err)
 		}
 		compacted = append(compacted, t.name)
-		if grown != nil {
-			if err := e.pool.QueryRow(ctx, `SELECT pg_relation_size($1::regclass)`, t.name).Scan(&after); err != nil {
-				return compacted, over, fmt.Errorf("compact %s: its size after: %w", t.name, err)
-			}
-			grown[t.name] = after
-		}
 	}
 	return compacted, over, nil
 }
-
-// grownVersionBytes is less than any version of a lane or note adds to its
-// table's file (a tuple header alone is 24 bytes, its line pointer 4, and
-// the key's three texts and a timestamp follow).
-const grownVersionBytes = 64
 
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {
 	gs, ts, ks = make([]string, len(lanes)), make([]string, len(lanes)), make([]string, len(lanes))

@@ -91,7 +91,7 @@ func TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon(t *testi
 	lanesBefore, notesBefore := contents(lanes, "x.partition_key"), contents(notes, "x.id")
 	laneSize, noteSize := size(lanes), size(notes)
 
-	compacted, _, err := e.compact(ctx, 500, nil, false)
+	compacted, _, err := e.compact(ctx, 500)
 	require.NoError(t, err)
 	assert.Equal(t, []string{lanes, notes}, compacted)
 	assert.Equal(t, lanesBefore, contents(lanes, "x.partition_key"), "every live lane kept, lease and floor included")
@@ -99,78 +99,10 @@ func TestCompact_FreesTheVersionsVacuumCannotRemoveBehindAPinnedHorizon(t *testi
 	assert.Less(t, size(lanes), laneSize/2, "the lanes' dead versions freed")
 	assert.Less(t, size(notes), noteSize/2, "the notes' dead versions freed")
 
-	compacted, _, err = e.compact(ctx, 500, nil, false)
+	compacted, _, err = e.compact(ctx, 500)
 	require.NoError(t, err)
 	assert.Empty(t, compacted, "nothing to compact right after a compaction")
 	require.NoError(t, report.QueryRow(ctx, `SELECT 1`).Scan(new(int)), "the long transaction is unharmed")
-}
-
-// Between vacuums the relay compacts by the growth of the table's file,
-// which does not lag as the dead-version counts do.
-func TestCompact_BetweenVacuumsGoesByTheFileGrowthWhenTheCountsLag(t *testing.T) {
-	t.Parallel()
-	pool, ob := newOutbox(t)
-	ctx := context.Background()
-	lanes := ob.q.table.derived("_lanes").quoted()
-	pinHorizon(t, pool)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := conn.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	exec(`INSERT INTO ` + lanes + ` (consumer_group, topic, partition_key, ready_at)
-		SELECT 'elsewhere', 'c', 'k' || i, 'infinity' FROM generate_series(1, 20) i`)
-	churn := func() { // 1,200 dead versions the pinned horizon keeps
-		for range 60 {
-			exec(`UPDATE ` + lanes + ` SET blocked = NOT blocked`)
-		}
-		exec(`SELECT pg_stat_force_next_flush()`)
-	}
-	e := testEngine(pool, ob, "relay", 16)
-	dead := func() (n int64) {
-		require.NoError(t, pool.QueryRow(ctx, e.q.deadVersions, lanes).Scan(&n, new(int64), new(int64)))
-		return n
-	}
-	file := func() (f uint32) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_relation_filenode($1::regclass)`, lanes).Scan(&f))
-		return f
-	}
-
-	churn()
-	exec(`VACUUM ` + lanes)
-	grown := map[string]int64{}
-	compacted, _, err := e.compact(ctx, 500, grown, false)
-	require.NoError(t, err)
-	require.Equal(t, []string{lanes}, compacted, "compacted after the vacuum, by the counts")
-	require.Contains(t, grown, lanes, "the size after the compaction kept")
-
-	// The versions are made and counted, and then the counts say none, as
-	// counts not yet reported would.
-	churn()
-	testenv.Eventually(t, 5*time.Second, func() bool { return dead() >= 1000 }, "the new dead versions counted")
-	exec(`SELECT pg_stat_reset_single_table_counters('` + lanes + `'::regclass)`)
-	require.Zero(t, dead(), "the counts say no dead versions")
-
-	before := file()
-	compacted, over, err := e.compact(ctx, 500, grown, false)
-	require.NoError(t, err)
-	assert.Empty(t, compacted, "after a vacuum only the counts decide")
-	assert.False(t, over)
-	compacted, over, err = e.compact(ctx, 500, grown, true)
-	require.NoError(t, err)
-	assert.Equal(t, []string{lanes}, compacted, "between vacuums the file's growth decides")
-	assert.True(t, over)
-	assert.NotEqual(t, before, file(), "the lanes table has a new file")
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes).Scan(&n))
-	assert.Equal(t, 20, n, "every lane kept")
-
-	compacted, _, err = e.compact(ctx, 500, grown, true)
-	require.NoError(t, err)
-	assert.Empty(t, compacted, "nothing to compact right after a compaction")
 }
 
 // TestCompact_GivesUpAfterItsLockTimeout: a compaction that cannot have
@@ -202,7 +134,7 @@ func TestCompact_GivesUpAfterItsLockTimeout(t *testing.T) {
 
 	e := testEngine(pool, ob, "relay", 16)
 	start := time.Now()
-	compacted, _, err := e.compact(ctx, 500, nil, false)
+	compacted, _, err := e.compact(ctx, 500)
 	require.Error(t, err)
 	assert.True(t, isLockTimeout(err), "a lock timeout, got %v", err)
 	assert.Less(t, time.Since(start), 2*time.Second, "it waited its lock timeout, not for the writer")
@@ -212,7 +144,7 @@ func TestCompact_GivesUpAfterItsLockTimeout(t *testing.T) {
 	assert.Equal(t, 20, n, "no lane lost")
 
 	require.NoError(t, writer.Commit(ctx))
-	compacted, _, err = e.compact(ctx, 500, nil, false)
+	compacted, _, err = e.compact(ctx, 500)
 	require.NoError(t, err)
 	assert.Equal(t, []string{lanes}, compacted)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes).Scan(&n))

@@ -379,7 +379,6 @@ func (s *Subscriber) vacuum() {
 		cancel()
 	}()
 	pinned := false
-	grown := map[string]int64{} // engine.compact
 	for {
 		select {
 		case <-ctx.Done():
@@ -394,12 +393,10 @@ func (s *Subscriber) vacuum() {
 				s.log.Info("omnibus: vacuum of the lanes and notes tables took longer than its interval (a long transaction may be holding the xmin horizon)",
 					"took", took.Round(time.Millisecond), "interval", s.cfg.VacuumInterval)
 			}
-			// After a vacuum the counts are the vacuum's own, and say
-			// whether it left versions it could not remove.
-			pinned = s.compact(ctx, grown, false)
+			pinned = s.compact(ctx)
 		case <-check.C:
 			if pinned {
-				s.compact(ctx, grown, true)
+				s.compact(ctx)
 			}
 		}
 	}
@@ -415,8 +412,8 @@ func compactCheckInterval(vacuum time.Duration) time.Duration {
 // compact compacts the lanes and notes tables when vacuum could not remove
 // their dead versions (engine.compact): a long transaction holds the xmin
 // horizon. It reports whether a table held that many.
-func (s *Subscriber) compact(ctx context.Context, grown map[string]int64, bySize bool) bool {
-	tables, over, err := s.eng.compact(ctx, s.cfg.compactMinDead, grown, bySize)
+func (s *Subscriber) compact(ctx context.Context) bool {
+	tables, over, err := s.eng.compact(ctx, s.cfg.compactMinDead)
 	switch {
 	case err != nil && isLockTimeout(err):
 		s.log.Debug("omnibus: compaction of the lanes and notes tables waited too long for its lock; trying again", "error", err)
