@@ -191,9 +191,9 @@ func TestPinnedHorizonStand(t *testing.T) {
 	}
 	defer unpin()
 
-	t.Logf("%-6s %9s %9s %9s %9s %9s %9s %9s %10s %10s %10s %10s %10s",
+	t.Logf("%-6s %9s %9s %9s %9s %9s %9s %9s %10s %10s %10s %10s %10s %10s",
 		"minute", "written/s", "deliver/s", "commit99", "fetch50", "fetch99", "lag99", "WAL/event",
-		"dead(out)", "size(out)", "idx(out)", "dead(lanes)", "dedup")
+		"dead(out)", "size(out)", "idx(out)", "dead(lanes)", "size(lanes)", "dedup")
 	lsn := walLSN(t, pool)
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
@@ -209,7 +209,9 @@ func TestPinnedHorizonStand(t *testing.T) {
 		now := walLSN(t, pool)
 		w, d := m.written.Swap(0), m.delivered.Swap(0)
 		commit, fetch, lag := m.take()
-		var deadOut, deadLanes, size, idx, dedup int64
+		// dead(lanes) is the statistics' count, which lags (engine.compact);
+		// size(lanes), the lanes table's file, does not.
+		var deadOut, deadLanes, size, idx, dedup, lanesSize int64
 		// A partitioned table has no storage of its own: its figures are
 		// its partitions' (and its dedup table's, which only it has).
 		require.NoError(t, pool.QueryRow(ctx, `
@@ -217,16 +219,16 @@ func TestPinnedHorizonStand(t *testing.T) {
 			SELECT coalesce((SELECT sum(s.n_dead_tup) FROM pg_stat_user_tables s JOIN p USING (relid)), 0)::bigint,
 			       coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0),
 			       (SELECT sum(pg_table_size(relid)) FROM p)::bigint, (SELECT sum(pg_indexes_size(relid)) FROM p)::bigint,
-			       coalesce(pg_total_relation_size(to_regclass($3)), 0)`,
-			tn.quoted(), tn.derived("_lanes").quoted(), tn.derived("_dedup").quoted()).Scan(&deadOut, &deadLanes, &size, &idx, &dedup))
+			       coalesce(pg_total_relation_size(to_regclass($3)), 0), pg_relation_size($2::regclass)`,
+			tn.quoted(), tn.derived("_lanes").quoted(), tn.derived("_dedup").quoted()).Scan(&deadOut, &deadLanes, &size, &idx, &dedup, &lanesSize))
 		walPer := "-"
 		if d > 0 {
 			walPer = strconv.FormatInt((now-lsn)/d, 10)
 		}
 		lsn = now
-		t.Logf("%-6d %9d %9d %9s %9s %9s %9s %9s %10d %10s %10s %10d %10s",
+		t.Logf("%-6d %9d %9d %9s %9s %9s %9s %9s %10d %10s %10s %10d %10s %10s",
 			i, w/60, d/60, pct(commit, 99), pct(fetch, 50), pct(fetch, 99), pct(lag, 99), walPer,
-			deadOut, mib(size), mib(idx), deadLanes, mib(dedup))
+			deadOut, mib(size), mib(idx), deadLanes, mib(lanesSize), mib(dedup))
 		if time.Since(began) >= duration-30*time.Second {
 			break
 		}
