@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -317,6 +319,75 @@ func TestSubscriber_CompactsBetweenItsVacuumsWhileTheHorizonIsPinned(t *testing.
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+lanes+` WHERE consumer_group = 'elsewhere'`).Scan(&n))
 	assert.Equal(t, 20, n, "every lane survived both compactions")
+}
+
+// A relay whose role may not TRUNCATE the lanes and notes tables cannot
+// compact them: it says so once per vacuum interval, not at every look
+// between vacuums, and delivers as before.
+func TestSubscriber_WithoutTruncatePrivilegeWarnsOncePerVacuumAndDelivers(t *testing.T) {
+	t.Parallel()
+	admin, ob := newOutbox(t)
+	ctx := context.Background()
+	tn := ob.q.table
+	lanes := tn.derived("_lanes").quoted()
+	role := testenv.Name(t) + "_relay"
+	_, err := admin.Exec(ctx, `CREATE ROLE `+quoteIdent(role)+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+quoteIdent(role))
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+quoteIdent(role))
+	})
+	for _, rel := range []string{tn.quoted(), lanes, tn.derived("_notes").quoted()} {
+		_, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+rel+` TO `+quoteIdent(role))
+		require.NoError(t, err)
+	}
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL())
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	pinHorizon(t, admin)
+
+	// 400 dead versions the pinned horizon keeps (see the test above),
+	// reported at once.
+	conn, err := admin.Acquire(ctx)
+	require.NoError(t, err)
+	for _, sql := range append([]string{`INSERT INTO ` + lanes + ` (consumer_group, topic, partition_key, ready_at)
+		SELECT 'elsewhere', 'c', 'k' || i, 'infinity' FROM generate_series(1, 20) i`},
+		slices.Repeat([]string{`UPDATE ` + lanes + ` SET blocked = NOT blocked WHERE consumer_group = 'elsewhere'`}, 20)...) {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+	require.NoError(t, err)
+	conn.Release()
+
+	var logs testenv.LogBuffer
+	const vacuumEvery = 2 * time.Second // looks between vacuums: every 0.5 s
+	sub, err := NewSubscriber(pool, SubscriberConfig{
+		Table: ob.Table(), WorkerID: "relay", VacuumInterval: vacuumEvery, compactMinDead: 200,
+	}, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(ctx, "c")
+	require.NoError(t, err)
+
+	failed := func() int { return strings.Count(logs.String(), "compaction of the lanes and notes tables failed") }
+	testenv.Eventually(t, 3*vacuumEvery, func() bool { return failed() > 0 }, "the relay to say its compaction failed: %s", logs.String())
+	assert.Contains(t, logs.String(), "SQLSTATE 42501", "the warning names the missing privilege")
+	before := failed()
+	enqueue(t, admin, ob, "c", event("k", "delivered"))
+	select {
+	case m := <-msgs:
+		assert.Equal(t, "delivered", string(m.Payload))
+		m.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay delivered nothing without the TRUNCATE privilege")
+	}
+	time.Sleep(2 * vacuumEvery)
+	assert.LessOrEqual(t, failed()-before, 4,
+		"at most one warning per vacuum in two intervals and what the delivery took (a look every 0.5 s would make 8 or more)")
 }
 
 // TestDeleteEmptyLanes_LooksForPendingRowsFromTheFloor: deciding that a

@@ -411,14 +411,20 @@ func compactCheckInterval(vacuum time.Duration) time.Duration {
 
 // compact compacts the lanes and notes tables when vacuum could not remove
 // their dead versions (engine.compact): a long transaction holds the xmin
-// horizon. It reports whether a table held that many.
+// horizon. It reports whether to look again before the next vacuum: a
+// table held that many, and the compaction did not fail for another reason
+// than its lock timeout (a role without the TRUNCATE privilege would fail,
+// and warn, at every look).
 func (s *Subscriber) compact(ctx context.Context) bool {
 	tables, over, err := s.eng.compact(ctx, s.cfg.compactMinDead)
 	switch {
 	case err != nil && isLockTimeout(err):
 		s.log.Debug("omnibus: compaction of the lanes and notes tables waited too long for its lock; trying again", "error", err)
-	case err != nil && ctx.Err() == nil:
-		s.log.Warn("omnibus: compaction of the lanes and notes tables failed", "error", err)
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.Warn("omnibus: compaction of the lanes and notes tables failed", "error", err)
+		}
+		over = false
 	}
 	if len(tables) > 0 {
 		s.log.Info("omnibus: compacted tables whose dead versions vacuum could not remove (a long transaction is holding the xmin horizon)",
