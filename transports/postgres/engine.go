@@ -107,8 +107,9 @@ type engine struct {
 	worker string
 	group  string // inbox consumer group; "" for the outbox
 	lease  time.Duration
-	run    int  // RunLength
-	block  bool // FailedBlock policy
+	run    int                 // RunLength
+	block  bool                // FailedBlock policy
+	files  map[string]fileMark // engine.compact's looks
 }
 
 // fetch turns writers' notes into lanes, then leases up to lanes ready keys
@@ -830,32 +831,68 @@ const deadVersionBytes = 32
 // compact compacts the lanes table, and then the notes table, when it holds
 // more dead versions than vacuum could remove: at least minDead, and more
 // than four times its live rows, in a file of at least minDead times
-// deadVersionBytes (the counts lag by up to a second, and so still show
-// what a compaction just freed; the size does not). CompactLanes says why
-// and how. Vacuum removes them unless the xmin horizon is pinned, so this
-// is what keeps the tables small behind a long transaction. It returns the
-// tables it compacted, and whether any table was over the threshold (a
-// table it could not lock within the lock timeout is left for the next call,
+// deadVersionBytes. CompactLanes says why and how. Vacuum removes them
+// unless the xmin horizon is pinned, so this is what keeps the tables small
+// behind a long transaction. It returns the tables it compacted, and
+// whether any table's counts were over the threshold (a table it could not
+// lock within the lock timeout is left for the next call,
 // isLockTimeout(err)).
+//
+// The counts lag: a compaction's TRUNCATE reaches them when its session
+// reports, a second later or, under load, several, and until then they
+// still show what it freed. So a file that a compaction made since an
+// earlier call (this engine's or another relay's) is compacted only once it
+// has grown by minDead times deadVersionBytes since this engine first saw
+// it; the size does not lag. Calls must not overlap (Subscriber.vacuum
+// makes them from one goroutine).
 func (e *engine) compact(ctx context.Context, minDead int64) (compacted []string, over bool, err error) {
 	for _, t := range []struct{ name, sql string }{
 		{e.q.table.derived("_lanes").quoted(), e.q.compactLanes},
 		{e.q.table.derived("_notes").quoted(), e.q.compactNotes},
 	} {
 		var dead, live, size int64
-		if err := e.pool.QueryRow(ctx, e.q.deadVersions, t.name).Scan(&dead, &live, &size); err != nil {
+		var file uint32
+		if err := e.pool.QueryRow(ctx, e.q.deadVersions, t.name).Scan(&dead, &live, &size, &file); err != nil {
 			return compacted, over, fmt.Errorf("compact %s: count its dead versions: %w", t.name, err)
 		}
+		trusted := e.trusted(t.name, file, size, minDead*deadVersionBytes)
 		if dead < minDead || dead <= 4*live || size < minDead*deadVersionBytes {
 			continue
 		}
 		over = true
+		if !trusted {
+			continue
+		}
 		if _, err := e.pool.Exec(ctx, t.sql); err != nil {
 			return compacted, over, fmt.Errorf("compact %s (%d dead versions, %d live rows): %w", t.name, dead, live, err)
 		}
 		compacted = append(compacted, t.name)
 	}
 	return compacted, over, nil
+}
+
+// fileMark is what engine.compact saw of a table's file: the file, its size
+// when first seen, and whether it appeared after the first look (a
+// compaction made it, so its counts may still show what that freed).
+type fileMark struct {
+	file uint32
+	size int64
+	made bool
+}
+
+// trusted records a look at table's file and reports whether its counts
+// can be trusted: the file was there at the first look, or it has grown by
+// at least by bytes since it was first seen.
+func (e *engine) trusted(table string, file uint32, size, by int64) bool {
+	if e.files == nil {
+		e.files = map[string]fileMark{}
+	}
+	seen, ok := e.files[table]
+	if !ok || seen.file != file {
+		seen = fileMark{file: file, size: size, made: ok}
+		e.files[table] = seen
+	}
+	return !seen.made || size-seen.size >= by
 }
 
 func laneArrays(lanes []laneKey) (gs, ts, ks []string) {

@@ -378,7 +378,10 @@ func (s *Subscriber) vacuum() {
 		<-s.closing
 		cancel()
 	}()
-	pinned := false
+	// pinned: look between vacuums. A compaction between them keeps it set
+	// at the next vacuum, whose look may come right after one and find too
+	// few dead versions to say.
+	pinned, lately := false, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -393,10 +396,12 @@ func (s *Subscriber) vacuum() {
 				s.log.Info("omnibus: vacuum of the lanes and notes tables took longer than its interval (a long transaction may be holding the xmin horizon)",
 					"took", took.Round(time.Millisecond), "interval", s.cfg.VacuumInterval)
 			}
-			pinned = s.compact(ctx)
+			again, _ := s.compact(ctx)
+			pinned, lately = again || lately, false
 		case <-check.C:
 			if pinned {
-				s.compact(ctx)
+				_, did := s.compact(ctx)
+				lately = lately || did
 			}
 		}
 	}
@@ -411,11 +416,11 @@ func compactCheckInterval(vacuum time.Duration) time.Duration {
 
 // compact compacts the lanes and notes tables when vacuum could not remove
 // their dead versions (engine.compact): a long transaction holds the xmin
-// horizon. It reports whether to look again before the next vacuum: a
+// horizon. It reports whether to look again before the next vacuum (a
 // table held that many, and the compaction did not fail for another reason
-// than its lock timeout (a role without the TRUNCATE privilege would fail,
-// and warn, at every look).
-func (s *Subscriber) compact(ctx context.Context) bool {
+// than its lock timeout: a role without the TRUNCATE privilege would fail,
+// and warn, at every look), and whether it compacted a table.
+func (s *Subscriber) compact(ctx context.Context) (again, compacted bool) {
 	tables, over, err := s.eng.compact(ctx, s.cfg.compactMinDead)
 	switch {
 	case err != nil && isLockTimeout(err):
@@ -430,7 +435,7 @@ func (s *Subscriber) compact(ctx context.Context) bool {
 		s.log.Info("omnibus: compacted tables whose dead versions vacuum could not remove (a long transaction is holding the xmin horizon)",
 			"tables", tables)
 	}
-	return over
+	return over, len(tables) > 0
 }
 
 // partitions maintains the partitions of a table in the partitioned layout

@@ -580,9 +580,11 @@ ON CONFLICT DO NOTHING
 
 -- name: DeadVersions
 -- The dead versions in a table ($1, its quoted name) that the last vacuum
--- could not remove (or that came since), its live rows, and its size in
--- bytes (the counts lag by up to a second; the size does not).
-SELECT coalesce(max(s.n_dead_tup), 0), coalesce(max(s.n_live_tup), 0), pg_relation_size($1::regclass)
+-- could not remove (or that came since), its live rows, its size in bytes
+-- and its file (the counts lag, by a second or, under load, more; the size
+-- and the file do not).
+SELECT coalesce(max(s.n_dead_tup), 0), coalesce(max(s.n_live_tup), 0),
+       pg_relation_size($1::regclass), pg_relation_filenode($1::regclass)
 FROM pg_stat_user_tables s
 WHERE s.relid = $1::regclass
 
