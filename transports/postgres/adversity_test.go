@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -422,10 +423,17 @@ func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
 	// notification that reached it late made it fetch again in the moment
 	// the test had expired its lease, and deliver r1 twice (about 1 run in
 	// 3 under load, on main as well).
+	var logs testenv.LogBuffer
 	s1, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), WorkerID: "first", Lease: time.Second, Observer: rec,
-		PollInterval: 10 * time.Minute, SweepInterval: -1, DisableListen: true}, nil)
+		PollInterval: 10 * time.Minute, SweepInterval: -1, DisableListen: true},
+		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(t, err)
 	defer s1.Close()
+	defer func() {
+		if t.Failed() {
+			t.Logf("the first relay's log:\n%s", logs.String())
+		}
+	}()
 	ch, err := s1.Subscribe(ctx, AllTopics)
 	require.NoError(t, err)
 	first := next(t, ch)
@@ -459,7 +467,7 @@ func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
 	first.Ack()
 	select {
 	case m := <-ch:
-		t.Fatalf("the first relay delivered %s after the second took its key", m.Payload)
+		t.Fatalf("the first relay delivered %s after the second took its key (metadata %v; the second's run was %v)", m.Payload, m.Metadata, res.units[0].rows)
 	case <-time.After(500 * time.Millisecond):
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool {
