@@ -98,7 +98,8 @@ type SubscriberConfig struct {
 	// SettleBatch flushes settlements early when this many are waiting.
 	// Default DefaultSettleBatch.
 	SettleBatch int
-	// SweepInterval is how often missing lanes are recreated. Default
+	// SweepInterval is how often missing lanes are recreated; a sweep that
+	// took long waits sweepCostFactor times what it took instead. Default
 	// DefaultSweepInterval; negative turns the sweep off.
 	SweepInterval time.Duration
 	// VacuumInterval is how often the lanes and notes tables of Table are
@@ -503,10 +504,11 @@ func (s *Subscriber) maintain() {
 	extend := time.NewTicker(s.cfg.Lease / 3)
 	defer extend.Stop()
 	var sweep <-chan time.Time
+	var sweepTimer *time.Timer
 	if s.cfg.SweepInterval > 0 {
-		t := time.NewTicker(s.cfg.SweepInterval)
-		defer t.Stop()
-		sweep = t.C
+		sweepTimer = time.NewTimer(s.cfg.SweepInterval)
+		defer sweepTimer.Stop()
+		sweep = sweepTimer.C
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -532,6 +534,7 @@ func (s *Subscriber) maintain() {
 			}
 			s.tracked.renewed(start, s.cfg.Lease, renewed, lost)
 		case <-sweep:
+			start := time.Now()
 			n, err := s.eng.sweep(ctx)
 			switch {
 			case err != nil && ctx.Err() == nil:
@@ -540,8 +543,30 @@ func (s *Subscriber) maintain() {
 				s.log.Info("omnibus: lane sweep recreated lanes", "lanes", n)
 				s.wakeAll()
 			}
+			took := time.Since(start)
+			next := sweepEvery(s.cfg.SweepInterval, took)
+			if next > s.cfg.SweepInterval {
+				s.log.Debug("omnibus: the lane sweep was slow; the next one waits longer than its interval",
+					"took", took.Round(time.Millisecond), "next_in", next.Round(time.Second))
+			}
+			sweepTimer.Reset(next)
 		}
 	}
+}
+
+// sweepCostFactor bounds what the lane sweep costs: a sweep that took d
+// waits at least sweepCostFactor times d before the next, so that sweeping
+// takes at most 1 % of a connection's time. The sweep reads the index
+// entry of every pending row, and while the xmin horizon is pinned of every
+// version of a row that was ever pending since (954 ms at minute 4 of the
+// pinned stand, reading the whole table through the buffer cache, and more
+// every minute); it only repairs lanes lost to hand edits.
+const sweepCostFactor = 100
+
+// sweepEvery is how long a Subscriber waits for its next lane sweep after
+// one that took took: its interval, or longer when the sweep was slow.
+func sweepEvery(interval, took time.Duration) time.Duration {
+	return max(interval, sweepCostFactor*took)
 }
 
 // tracker knows the rows and lanes this worker holds, for lease renewal,
