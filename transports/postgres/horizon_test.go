@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,7 +220,9 @@ func TestCompact_GivesUpAfterItsLockTimeout(t *testing.T) {
 // TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering:
 // writers and a relay run while a long transaction pins the horizon and
 // the Subscriber compacts the lanes and notes tables again and again; every
-// event arrives once, in its key's order.
+// event arrives once, in its key's order. The writers go on until the lanes
+// table has been compacted twice: the counts a compaction works from lag by
+// a second or more, so a fixed number of events may end before the second.
 func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)
@@ -227,7 +230,7 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 	lanes := ob.q.table.derived("_lanes").quoted()
 	pinHorizon(t, pool)
 
-	const writers, keysPerWriter, perKey = 4, 5, 60
+	const writers, keysPerWriter, minPerKey = 4, 5, 60
 	sub, err := NewSubscriber(pool, SubscriberConfig{
 		Table: ob.Table(), WorkerID: "relay", VacuumInterval: 50 * time.Millisecond, compactMinDead: 50,
 	}, nil)
@@ -237,8 +240,8 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 	require.NoError(t, err)
 
 	// Compactions give the lanes table a new file each time.
-	files := map[uint32]bool{}
-	var filesMu sync.Mutex
+	var files sync.Map
+	var nfiles atomic.Int32
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {
@@ -246,45 +249,48 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 		for watchCtx.Err() == nil {
 			var f uint32
 			if pool.QueryRow(watchCtx, `SELECT pg_relation_filenode($1::regclass)`, lanes).Scan(&f) == nil {
-				filesMu.Lock()
-				files[f] = true
-				filesMu.Unlock()
+				if _, seen := files.LoadOrStore(f, true); !seen {
+					nfiles.Add(1)
+				}
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
 
+	// Each transaction writes the next event of three of its writer's
+	// keys, until every key has minPerKey events and the lanes table has
+	// had three files (or a minute has passed).
+	written := make([]int, writers) // events each writer committed
+	writeUntil := time.Now().Add(60 * time.Second)
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
-			// Each transaction writes the next event of three of the
-			// writer's keys.
-			for i := range perKey * keysPerWriter / 3 {
-				var batch []string
-				for j := range 3 {
-					n := i*3 + j
-					batch = append(batch, fmt.Sprintf("w%d-k%d:%d", w, n%keysPerWriter, n/keysPerWriter))
-				}
+			for n := 0; n < minPerKey*keysPerWriter || (nfiles.Load() < 3 && time.Now().Before(writeUntil)); n += 3 {
 				tx, err := pool.Begin(ctx)
 				if !assert.NoError(t, err) {
 					return
 				}
-				for _, b := range batch {
-					key, _, _ := strings.Cut(b, ":")
-					if !assert.NoError(t, ob.Enqueue(ctx, tx, "c", event(key, b))) {
+				for j := range 3 {
+					key := fmt.Sprintf("w%d-k%d", w, (n+j)%keysPerWriter)
+					if !assert.NoError(t, ob.Enqueue(ctx, tx, "c", event(key, fmt.Sprintf("%s:%d", key, (n+j)/keysPerWriter)))) {
 						_ = tx.Rollback(ctx)
 						return
 					}
 				}
-				assert.NoError(t, tx.Commit(ctx))
+				if !assert.NoError(t, tx.Commit(ctx)) {
+					return
+				}
+				written[w] = n + 3
 			}
 		})
 	}
+	wrote := make(chan struct{})
+	go func() { wg.Wait(); close(wrote) }()
 
 	next := map[string]int{}
-	total := writers * keysPerWriter * perKey
-	deadline := time.After(60 * time.Second)
-	for got := 0; got < total; got++ {
+	total := -1 // known once the writers are done
+	deadline := time.After(120 * time.Second)
+	for got := 0; got != total; {
 		select {
 		case m := <-msgs:
 			key, seq, _ := strings.Cut(string(m.Payload), ":")
@@ -292,25 +298,35 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 			require.NoError(t, err)
 			require.Equal(t, next[key], n, "key %s: event %d arrived when %d was due", key, n, next[key])
 			next[key]++
+			got++
 			m.Ack()
+		case <-wrote:
+			wrote, total = nil, 0
+			for _, n := range written {
+				total += n
+			}
 		case <-deadline:
-			t.Fatalf("%d of %d events arrived within 60s", got, total)
+			t.Fatalf("%d events arrived within 120s (writers done: %v, %d written)", got, total >= 0, total)
 		}
 	}
-	wg.Wait()
 	stopWatch()
 	<-watched
-	for k := range writers * keysPerWriter {
-		assert.Equal(t, perKey, next[fmt.Sprintf("w%d-k%d", k/keysPerWriter, k%keysPerWriter)])
+	for w, n := range written {
+		for k := range keysPerWriter {
+			// Writer w's n events went round its keys in turn.
+			want := n / keysPerWriter
+			if k < n%keysPerWriter {
+				want++
+			}
+			assert.Equal(t, want, next[fmt.Sprintf("w%d-k%d", w, k)])
+		}
 	}
 	select {
 	case m := <-msgs:
 		t.Fatalf("an event arrived twice: %s", m.Payload)
 	case <-time.After(300 * time.Millisecond):
 	}
-	filesMu.Lock()
-	defer filesMu.Unlock()
-	assert.GreaterOrEqual(t, len(files), 3, "the lanes table was compacted at least twice while the relay ran")
+	assert.GreaterOrEqual(t, int(nfiles.Load()), 3, "the lanes table was compacted at least twice while the relay ran")
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		var pending int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+ob.q.table.quoted()+` WHERE status <> 'completed'`).Scan(&pending))
