@@ -40,8 +40,9 @@ type Publisher struct {
 
 	queue chan *publishRequest
 
-	counts shardCounts  // Shards > 1: the topics whose recorded count matches
-	spread atomic.Int64 // Shards > 1: spreads messages without a key
+	counts shardCounts            // Shards > 1: the topics whose recorded count matches
+	topic  atomic.Pointer[string] // the last topic ValidateTopic accepted
+	spread atomic.Int64           // Shards > 1: spreads messages without a key
 
 	mu      sync.RWMutex // guards closed against Publish calls in progress
 	closed  bool
@@ -57,6 +58,36 @@ type publishRequest struct {
 	streams []string // of each entry: stream, or its shard
 	entries [][]any
 	done    chan error
+}
+
+// requests recycles publishRequests, their done channel and, for calls of
+// up to maxPooledEntries messages, their slices: a Publish of one message
+// would otherwise allocate five objects before its entry is encoded.
+var requests = sync.Pool{New: func() any { return &publishRequest{done: make(chan error, 1)} }}
+
+const maxPooledEntries = 64
+
+func newRequest(stream string, n int) *publishRequest {
+	req := requests.Get().(*publishRequest)
+	req.stream = stream
+	if cap(req.streams) < n {
+		req.streams, req.entries = make([]string, n), make([][]any, n)
+	}
+	req.streams, req.entries = req.streams[:n], req.entries[:n]
+	return req
+}
+
+// release returns req to the pool. Only a caller that took req's result
+// from done (or never queued it) may release it: a request abandoned on a
+// context's end is still written to by its worker.
+func (req *publishRequest) release() {
+	if cap(req.streams) > maxPooledEntries {
+		return
+	}
+	clear(req.streams)
+	clear(req.entries)
+	req.stream = ""
+	requests.Put(req)
 }
 
 // NewPublisher checks cfg and returns a Publisher. A nil logger means no
@@ -92,13 +123,18 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if err := ValidateTopic(topic); err != nil {
-		return bus.Permanent(fmt.Errorf("publish to redis: %w", err))
+	if last := p.topic.Load(); last == nil || *last != topic {
+		if err := ValidateTopic(topic); err != nil {
+			return bus.Permanent(fmt.Errorf("publish to redis: %w", err))
+		}
+		valid := topic
+		p.topic.Store(&valid)
 	}
 	stream := p.cfg.StreamPrefix + topic
-	req := &publishRequest{stream: stream, streams: make([]string, len(msgs)), entries: make([][]any, len(msgs)), done: make(chan error, 1)}
+	req := newRequest(stream, len(msgs))
 	for i, msg := range msgs {
 		if msg == nil {
+			req.release()
 			return bus.Permanent(fmt.Errorf("publish to stream %q: message %d of %d is nil", stream, i+1, len(msgs)))
 		}
 		req.streams[i] = p.streamOf(stream, msg)
@@ -107,6 +143,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			err = p.checkSize(fields)
 		}
 		if err != nil {
+			req.release()
 			return bus.Permanent(fmt.Errorf("encode message %s for stream %q: %w", msg.UUID, stream, err))
 		}
 		req.entries[i] = fields
@@ -115,6 +152,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
+		req.release()
 		return classify(fmt.Errorf("publish to stream %q: %w", stream, ErrClosed))
 	}
 	p.calls.Add(1)
@@ -125,11 +163,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	// relay shutting down); entries already queued may still be written.
 	ctx := msgs[0].Context()
 	if err := ctx.Err(); err != nil {
+		req.release()
 		return classify(fmt.Errorf("publish to stream %q: %w", stream, err))
 	}
 	// A count that differs from the topic's is an operator's mistake a relay
 	// waits out (transient): failing the events would park them.
 	if err := p.counts.check(ctx, p.client, topic, stream, p.cfg.Shards); err != nil {
+		req.release()
 		if ctx.Err() != nil {
 			return contextEnded(stream, ctx.Err())
 		}
@@ -138,10 +178,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	select {
 	case p.queue <- req:
 	case <-ctx.Done():
+		req.release()
 		return contextEnded(stream, ctx.Err())
 	}
 	select {
 	case err := <-req.done:
+		req.release()
 		return err
 	case <-ctx.Done():
 		return contextEnded(stream, ctx.Err())
@@ -164,17 +206,17 @@ func contextEnded(stream string, err error) error {
 // checkSize refuses an entry larger than MaxEntryBytes, naming its largest
 // field.
 func (p *Publisher) checkSize(fields []any) error {
-	total, largest, largestName := 0, 0, ""
+	total, largest, largestAt := 0, 0, 0
 	for i, f := range fields {
 		n := valueLen(f)
 		total += n
 		if i%2 == 1 && n > largest {
-			largest, largestName = n, fmt.Sprint(fields[i-1])
+			largest, largestAt = n, i-1
 		}
 	}
 	if total > p.cfg.MaxEntryBytes {
 		return fmt.Errorf("stream entry of %d bytes is over MaxEntryBytes (%d); its largest field is %q (%d bytes)",
-			total, p.cfg.MaxEntryBytes, largestName, largest)
+			total, p.cfg.MaxEntryBytes, fmt.Sprint(fields[largestAt]), largest)
 	}
 	return nil
 }

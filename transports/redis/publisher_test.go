@@ -306,3 +306,106 @@ func TestPublisher_TimeoutIsCountedCancellationTransient(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, bus.ClassTransient, bus.ClassOf(err), "a cancelled publish says nothing about the message: %v", err)
 }
+
+// gate holds every XADD to a stream whose name ends in a held suffix until
+// the suffix is let go, then fails it with errGated instead of sending it.
+type gate struct {
+	mu      sync.Mutex
+	held    map[string]chan struct{}
+	arrived chan string
+}
+
+// let lets the XADDs to streams ending in suffix go; a second call does
+// nothing.
+func (g *gate) let(suffix string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.held[suffix]:
+	default:
+		close(g.held[suffix])
+	}
+}
+
+var errGated = errors.New("gated")
+
+func (g *gate) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (g *gate) wait(cmd goredis.Cmder) bool {
+	if cmd.Name() != "xadd" {
+		return false
+	}
+	stream, _ := cmd.Args()[1].(string)
+	g.mu.Lock()
+	var release chan struct{}
+	for suffix, ch := range g.held {
+		if len(stream) >= len(suffix) && stream[len(stream)-len(suffix):] == suffix {
+			release = ch
+		}
+	}
+	g.mu.Unlock()
+	if release == nil {
+		return false
+	}
+	g.arrived <- stream
+	<-release
+	return true
+}
+
+func (g *gate) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if g.wait(cmd) {
+			cmd.SetErr(errGated)
+			return errGated
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *gate) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// A Publish that stops waiting when its context ends leaves its request to
+// the pipeline that carries it: the late result of that pipeline reaches
+// nobody else's Publish (requests are recycled).
+func TestPublisher_AnAbandonedCallsLateResultReachesNoOtherCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	client := testenv.NewRedisClient(t)
+	g := &gate{held: map[string]chan struct{}{"abandoned": make(chan struct{}), "waiting": make(chan struct{})}, arrived: make(chan string, 2)}
+	client.AddHook(g)
+	pub, err := omniredis.NewPublisher(omniredis.PublisherConfig{Client: client, StreamPrefix: e.prefix, Pipelines: 2}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	t.Cleanup(func() { g.let("abandoned"); g.let("waiting") }) // first: Close waits for the pipelines
+
+	ctx, cancel := context.WithCancel(context.Background())
+	abandoned := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	abandoned.SetContext(ctx)
+	result := make(chan error, 1)
+	go func() { result <- pub.Publish("abandoned", abandoned) }()
+	<-g.arrived // its pipeline is on the wire
+	cancel()
+	err = <-result
+	require.ErrorIs(t, err, context.Canceled)
+
+	// The next call is held too, on the other pipeline, until the
+	// abandoned call's pipeline has come back with its error.
+	waiting := make(chan error, 1)
+	go func() { waiting <- pub.Publish("waiting", message.NewMessage(watermill.NewUUID(), []byte("y"))) }()
+	<-g.arrived
+	g.let("abandoned")
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-waiting:
+		t.Fatalf("a Publish returned before its own pipeline did: %v", err)
+	default:
+	}
+	g.let("waiting")
+	err = <-waiting
+	require.ErrorIs(t, err, errGated, "its own pipeline's error")
+
+	// And a call after both gets its own result.
+	require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("z"))))
+}
