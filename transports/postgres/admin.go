@@ -609,8 +609,8 @@ type Overview struct {
 	// retry time.
 	Retrying int64
 	// Completed is the number of completed rows when CompletedExact; else
-	// an estimate from the table's statistics (pg_class.reltuples minus the
-	// pending and failed rows), or -1 when unknown (an Admin restricted to
+	// an estimate from the table's statistics (pg_class.reltuples of the
+	// table, or of its partitions, minus the pending and failed rows), or -1 when unknown (an Admin restricted to
 	// a consumer group does not count completed rows).
 	Completed      int64
 	CompletedExact bool

@@ -210,7 +210,10 @@ const (
 )
 
 // StatsCollector is a prometheus.Collector exposing the backlog of an
-// outbox or inbox table, as Admin.Stats counts it. It queries the database
+// outbox or inbox table, as Admin.Overview counts it: pending and failed
+// rows exactly through their partial indexes, completed rows exactly up to
+// DefaultCompletedCountCap and estimated beyond, so its cost does not grow
+// with the completed rows a table keeps for months. It queries the database
 // at most once per interval, however often it is scraped: scrapes in between
 // (and concurrent ones) get the cached figures.
 //
@@ -223,7 +226,9 @@ const (
 //	…_leased_rows                  pending rows under a live lease
 //	…_expired_lease_rows           pending rows whose lease ran out
 //	…_failed_rows                  rows that spent their attempts or failed permanently
-//	…_completed_rows               delivered rows not yet cleaned up
+//	…_completed_rows               delivered rows not yet cleaned up (exact up
+//	                               to DefaultCompletedCountCap, else estimated;
+//	                               absent for an Admin of one consumer group)
 //	…_oldest_pending_age_seconds   age of the oldest pending row (0 when none)
 //	…_pending_keys                 keys with pending rows
 //	…_held_keys                    keys held behind a tried head waiting for its retry
@@ -250,7 +255,7 @@ type StatsCollector struct {
 
 	mu       sync.Mutex
 	at       time.Time // when the cached figures were taken
-	stats    Stats
+	stats    Overview
 	health   Health
 	err      error
 	duration time.Duration
@@ -295,7 +300,7 @@ func NewStatsCollector(admin *Admin, reg prometheus.Registerer, minInterval time
 		leased:    desc("leased_rows", "Pending rows under a live lease of a relay or worker."),
 		expired:   desc("expired_lease_rows", "Pending rows whose lease expired without being cleared (their worker stopped)."),
 		failed:    desc("failed_rows", "Rows that spent their attempts or failed permanently; they wait for an operator."),
-		completed: desc("completed_rows", "Delivered rows not yet deleted by cleanup."),
+		completed: desc("completed_rows", "Delivered rows not yet deleted by cleanup: counted up to 10000, estimated from the table's statistics beyond."),
 		oldest:    desc("oldest_pending_age_seconds", "Age of the oldest pending row, from its creation; 0 when nothing is pending."),
 		keys:      desc("pending_keys", "Keys (topic, partition key) with pending rows."),
 		held:      desc("held_keys", "Keys held behind a tried head that waits for its retry time."),
@@ -345,7 +350,9 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.leased, float64(s.Leased))
 	gauge(c.expired, float64(s.ExpiredLeases))
 	gauge(c.failed, float64(s.Failed))
-	gauge(c.completed, float64(s.Completed))
+	if s.Completed >= 0 {
+		gauge(c.completed, float64(s.Completed))
+	}
 	gauge(c.oldest, s.OldestPendingAge.Seconds())
 	gauge(c.keys, float64(s.Lanes))
 	gauge(c.held, float64(s.HeldKeys))
@@ -363,13 +370,13 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 // snapshot returns the cached figures, refreshing them first when they are
 // older than the interval. Concurrent scrapes wait for one query. A failed
 // query is cached too, so a database in trouble is not asked more often.
-func (c *StatsCollector) snapshot() (Stats, Health, error, time.Duration) {
+func (c *StatsCollector) snapshot() (Overview, Health, error, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.at.IsZero() || time.Since(c.at) >= c.interval {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		start := time.Now()
-		c.stats, c.err = c.admin.Stats(ctx)
+		c.stats, c.err = c.admin.Overview(ctx)
 		if c.err == nil {
 			c.health, c.err = c.admin.Health(ctx)
 		}

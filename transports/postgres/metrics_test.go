@@ -85,7 +85,7 @@ omnibus_outbox_expired_lease_rows{table=%[1]q} 1
 # HELP omnibus_outbox_failed_rows Rows that spent their attempts or failed permanently; they wait for an operator.
 # TYPE omnibus_outbox_failed_rows gauge
 omnibus_outbox_failed_rows{table=%[1]q} 1
-# HELP omnibus_outbox_completed_rows Delivered rows not yet deleted by cleanup.
+# HELP omnibus_outbox_completed_rows Delivered rows not yet deleted by cleanup: counted up to 10000, estimated from the table's statistics beyond.
 # TYPE omnibus_outbox_completed_rows gauge
 omnibus_outbox_completed_rows{table=%[1]q} 2
 # HELP omnibus_outbox_pending_keys Keys (topic, partition key) with pending rows.
@@ -371,4 +371,40 @@ func TestStatsCollector_ShowsTheHorizonAndTheDeadVersions(t *testing.T) {
 	h, err := f.admin.Health(ctx)
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, h.OldestTransactionAge, time.Second)
+}
+
+// Past DefaultCompletedCountCap completed rows the collector reports the
+// table's estimate instead of counting them all, so a scrape costs the same
+// whatever a table keeps: rows completed after the last ANALYZE are not in
+// the gauge.
+func TestStatsCollector_EstimatesCompletedRowsPastTheCap(t *testing.T) {
+	t.Parallel()
+	f := newAdminFixture(t)
+	ctx := context.Background()
+	complete := func(n int) {
+		f.exec(`INSERT INTO {T} (event_id, topic, payload, status, completed_at)
+			SELECT gen_random_uuid(), 't', '\x00', 'completed', now() FROM generate_series(1, $1) g`, n)
+	}
+	// The estimate is what this ANALYZE counts: autovacuum must not count
+	// again meanwhile.
+	f.exec(`DO $$ DECLARE r regclass; BEGIN
+		FOR r IN SELECT '{T}'::regclass UNION SELECT relid FROM pg_partition_tree('{T}') WHERE isleaf LOOP
+			CONTINUE WHEN (SELECT relkind FROM pg_class WHERE oid = r) <> 'r';
+			EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', r);
+		END LOOP; END $$`)
+	complete(DefaultCompletedCountCap + 500)
+	enqueue(t, f.pool, f.ob, "t", event("k", "pending"))
+	f.exec(`ANALYZE {T}`)
+	complete(2000)
+
+	reg := prometheus.NewRegistry()
+	_, err := NewStatsCollector(f.admin, reg, 0)
+	require.NoError(t, err)
+	assert.EqualValues(t, DefaultCompletedCountCap+500, gathered(t, reg, "omnibus_outbox_completed_rows"),
+		"the estimate of the last ANALYZE (its rows less the pending one), not a count of all %d", DefaultCompletedCountCap+2500)
+	assert.EqualValues(t, 1, gathered(t, reg, "omnibus_outbox_pending_rows"), "pending rows are counted exactly")
+
+	var n int64
+	require.NoError(t, f.pool.QueryRow(ctx, f.sql(`SELECT count(*) FROM {T} WHERE status = 'completed'`)).Scan(&n))
+	assert.EqualValues(t, DefaultCompletedCountCap+2500, n)
 }

@@ -65,7 +65,7 @@ func (sub *subscription) handle(e *entry) {
 		// Every way out of this iteration calls cancel, the subscription
 		// stopping included, so the context need not be tied to sub.ctx's
 		// cancellation (which costs a registration per message).
-		msgCtx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
+		msgCtx, cancel := context.WithCancel(sub.values)
 		msgCtx = bus.WithDelivery(msgCtx, bus.Delivery{
 			Attempts:         int(max(e.count-1, 0)),
 			FirstDeliveredAt: e.first,

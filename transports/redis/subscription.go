@@ -35,6 +35,7 @@ type subscription struct {
 	deadLetter string
 
 	ctx    context.Context // done when Subscribe's ctx is done or the Subscriber closes
+	values context.Context // ctx's values without its cancellation: the base of each message's context
 	cancel context.CancelFunc
 	out    chan *message.Message
 
@@ -94,6 +95,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *
 		stream:     stream,
 		deadLetter: s.cfg.deadLetterStream(stream),
 		ctx:        ctx,
+		values:     context.WithoutCancel(ctx),
 		cancel:     cancel,
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.cfg.MaxInFlight),

@@ -8,7 +8,9 @@
 -- 'pending'), failed rows through the partial failed index. {COMPLETED} is
 -- the CompletedCapped fragment, or CompletedNotCounted for an Admin of one
 -- consumer group; past the cap the caller uses the planner's estimate of the
--- table (pg_class.reltuples), returned as well.
+-- table, returned as well: its pg_class.reltuples or, partitioned, the sum
+-- of its partitions' (a partitioned table's own is set only by an ANALYZE of
+-- it, which autovacuum never runs).
 WITH p AS (
     SELECT count(*) AS pending,
            count(*) FILTER (WHERE t.scheduled_at <= now()
@@ -29,7 +31,9 @@ WITH p AS (
 )
 SELECT p.pending, p.due, p.leased, p.expired, p.delayed, p.retrying, p.oldest, now(), f.failed,
        {COMPLETED},
-       COALESCE((SELECT c.reltuples::bigint FROM pg_class c WHERE c.oid = to_regclass(@table)), -1),
+       COALESCE((SELECT sum(GREATEST(c.reltuples, 0))::bigint
+                 FROM (SELECT to_regclass(@table) UNION SELECT relid FROM pg_partition_tree(to_regclass(@table))) p(relid)
+                 JOIN pg_class c ON c.oid = p.relid WHERE c.relkind = 'r'), -1),
        k.lanes, k.blocked, k.held
 FROM p, f, k
 
