@@ -110,7 +110,7 @@ omnibus_outbox_pending_rows{table=%[2]q} 0
 # HELP omnibus_outbox_failed_rows Rows that spent their attempts or failed permanently; they wait for an operator.
 # TYPE omnibus_outbox_failed_rows gauge
 omnibus_outbox_failed_rows{table=%[2]q} 1
-# HELP omnibus_outbox_completed_rows Delivered rows not yet deleted by cleanup.
+# HELP omnibus_outbox_completed_rows Delivered rows not yet deleted by cleanup: counted up to 10000, estimated from the table's statistics beyond.
 # TYPE omnibus_outbox_completed_rows gauge
 omnibus_outbox_completed_rows{table=%[2]q} 3
 # HELP omnibus_outbox_held_keys Keys held behind a tried head that waits for its retry time.
