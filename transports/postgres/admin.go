@@ -610,8 +610,9 @@ type Overview struct {
 	Retrying int64
 	// Completed is the number of completed rows when CompletedExact; else
 	// an estimate from the table's statistics (pg_class.reltuples of the
-	// table, or of its partitions, minus the pending and failed rows), or -1 when unknown (an Admin restricted to
-	// a consumer group does not count completed rows).
+	// table, or of its partitions, minus the pending and failed rows), or
+	// -1 when unknown (an Admin restricted to a consumer group does not
+	// count completed rows).
 	Completed      int64
 	CompletedExact bool
 	// OldestPendingAge is how long ago the oldest pending row was created.

@@ -300,7 +300,7 @@ func NewStatsCollector(admin *Admin, reg prometheus.Registerer, minInterval time
 		leased:    desc("leased_rows", "Pending rows under a live lease of a relay or worker."),
 		expired:   desc("expired_lease_rows", "Pending rows whose lease expired without being cleared (their worker stopped)."),
 		failed:    desc("failed_rows", "Rows that spent their attempts or failed permanently; they wait for an operator."),
-		completed: desc("completed_rows", "Delivered rows not yet deleted by cleanup: counted up to 10000, estimated from the table's statistics beyond."),
+		completed: desc("completed_rows", fmt.Sprintf("Delivered rows not yet deleted by cleanup: counted up to %d, estimated from the table's statistics beyond.", DefaultCompletedCountCap)),
 		oldest:    desc("oldest_pending_age_seconds", "Age of the oldest pending row, from its creation; 0 when nothing is pending."),
 		keys:      desc("pending_keys", "Keys (topic, partition key) with pending rows."),
 		held:      desc("held_keys", "Keys held behind a tried head that waits for its retry time."),

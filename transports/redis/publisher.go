@@ -132,9 +132,14 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	stream := p.cfg.StreamPrefix + topic
 	req := newRequest(stream, len(msgs))
+	abandoned := false // queued, and given up on: its worker still writes to it
+	defer func() {
+		if !abandoned {
+			req.release()
+		}
+	}()
 	for i, msg := range msgs {
 		if msg == nil {
-			req.release()
 			return bus.Permanent(fmt.Errorf("publish to stream %q: message %d of %d is nil", stream, i+1, len(msgs)))
 		}
 		req.streams[i] = p.streamOf(stream, msg)
@@ -143,7 +148,6 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			err = p.checkSize(fields)
 		}
 		if err != nil {
-			req.release()
 			return bus.Permanent(fmt.Errorf("encode message %s for stream %q: %w", msg.UUID, stream, err))
 		}
 		req.entries[i] = fields
@@ -152,7 +156,6 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
-		req.release()
 		return classify(fmt.Errorf("publish to stream %q: %w", stream, ErrClosed))
 	}
 	p.calls.Add(1)
@@ -163,13 +166,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	// relay shutting down); entries already queued may still be written.
 	ctx := msgs[0].Context()
 	if err := ctx.Err(); err != nil {
-		req.release()
 		return classify(fmt.Errorf("publish to stream %q: %w", stream, err))
 	}
 	// A count that differs from the topic's is an operator's mistake a relay
 	// waits out (transient): failing the events would park them.
 	if err := p.counts.check(ctx, p.client, topic, stream, p.cfg.Shards); err != nil {
-		req.release()
 		if ctx.Err() != nil {
 			return contextEnded(stream, ctx.Err())
 		}
@@ -178,14 +179,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	select {
 	case p.queue <- req:
 	case <-ctx.Done():
-		req.release()
 		return contextEnded(stream, ctx.Err())
 	}
 	select {
 	case err := <-req.done:
-		req.release()
 		return err
 	case <-ctx.Done():
+		abandoned = true
 		return contextEnded(stream, ctx.Err())
 	}
 }

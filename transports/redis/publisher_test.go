@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -339,7 +340,7 @@ func (g *gate) wait(cmd goredis.Cmder) bool {
 	g.mu.Lock()
 	var release chan struct{}
 	for suffix, ch := range g.held {
-		if len(stream) >= len(suffix) && stream[len(stream)-len(suffix):] == suffix {
+		if strings.HasSuffix(stream, suffix) {
 			release = ch
 		}
 	}
