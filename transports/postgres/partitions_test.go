@@ -101,6 +101,42 @@ func TestMigrate_PartitionedLayoutCreatesTheCurrentPartitionAndThreeAhead(t *tes
 	assert.Contains(t, err.Error(), "partition interval 24h0m0s: the table is partitioned by 1h0m0s, which cannot change")
 }
 
+// The partitioned outbox keeps no index of its rows' event ids: the dedup
+// table recognises a repeat, and nothing reads rows by event id, so every
+// write to that index (random ids, a page anywhere) was waste. A table
+// migrated before migration 0009 loses it too.
+func TestMigrate_PartitionedOutboxKeepsNoIndexOfEventIDs(t *testing.T) {
+	t.Parallel()
+	pool, tb, _ := newPartitioned(t, KindOutbox)
+	ctx := context.Background()
+	eventIndexes := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_index i
+WHERE (i.indrelid = $1::regclass OR i.indrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass))
+  AND pg_get_indexdef(i.indexrelid) LIKE '%event_id%'`, quoteIdent(tb.Name)).Scan(&n))
+		return n
+	}
+	assert.Zero(t, eventIndexes(), "no index of the table or its partitions holds event_id")
+
+	// A table from before 0009: the index, on the parent and so on every partition.
+	_, err := pool.Exec(ctx, `CREATE INDEX `+quoteIdent(tb.Name+"_event_idx")+` ON `+quoteIdent(tb.Name)+` (event_id, topic)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1 AND version = 9`, tb.Name)
+	require.NoError(t, err)
+	require.Equal(t, 1+PartitionsAhead+1+1, eventIndexes(), "the parent's, each partition's and the default partition's")
+	require.NoError(t, Migrate(ctx, pool, tb))
+	assert.Zero(t, eventIndexes(), "migration 0009 drops it from the parent and every partition")
+
+	ob, err := NewOutbox(OutboxConfig{Table: tb.Name})
+	require.NoError(t, err)
+	e := event("k", "a")
+	enqueue(t, pool, ob, "orders", e)
+	enqueue(t, pool, ob, "orders", e)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+quoteIdent(tb.Name)).Scan(&n))
+	assert.Equal(t, 1, n, "an event enqueued twice is still stored once")
+}
+
 func TestMigrate_PartitionIntervalOnASingleTableIsRefused(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Postgres(t)
