@@ -231,9 +231,11 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 	pinHorizon(t, pool)
 
 	const writers, keysPerWriter, minPerKey = 4, 5, 60
+	var logs testenv.LogBuffer
+	started := time.Now()
 	sub, err := NewSubscriber(pool, SubscriberConfig{
 		Table: ob.Table(), WorkerID: "relay", VacuumInterval: 50 * time.Millisecond, compactMinDead: 50,
-	}, nil)
+	}, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	msgs, err := sub.Subscribe(ctx, "c")
@@ -327,6 +329,10 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 	case <-time.After(300 * time.Millisecond):
 	}
 	assert.GreaterOrEqual(t, int(nfiles.Load()), 3, "the lanes table was compacted at least twice while the relay ran")
+	// The operator hears of it at once, and then once a minute at most.
+	lines := strings.Count(logs.String(), "compacted tables whose dead versions vacuum could not remove")
+	assert.GreaterOrEqual(t, lines, 1, "the first compaction is logged: %s", logs.String())
+	assert.LessOrEqual(t, lines, 1+int(time.Since(started)/compactLogEvery), "one compaction line a minute at most: %s", logs.String())
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		var pending int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+ob.q.table.quoted()+` WHERE status <> 'completed'`).Scan(&pending))
@@ -337,6 +343,24 @@ func TestSubscriber_CompactsBehindAPinnedHorizonWithoutLosingOrReordering(t *tes
 // Behind a pinned horizon the lanes table gains dead versions faster than
 // one compaction per vacuum interval keeps up with (a few per event), so a
 // relay whose last vacuum left them looks again between its vacuums.
+func TestCompactLog_OneLineAMinuteCountingThoseItHolds(t *testing.T) {
+	t.Parallel()
+	var l compactLog
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	n, ok := l.note(t0)
+	assert.True(t, ok, "the first compaction is logged at once")
+	assert.Equal(t, 1, n)
+	for _, d := range []time.Duration{2 * time.Second, 30 * time.Second, compactLogEvery - time.Millisecond} {
+		_, ok := l.note(t0.Add(d))
+		assert.False(t, ok, "a compaction %s after the logged one", d)
+	}
+	n, ok = l.note(t0.Add(compactLogEvery))
+	assert.True(t, ok, "a minute after the last line")
+	assert.Equal(t, 4, n, "the line counts the three held back and itself")
+	_, ok = l.note(t0.Add(compactLogEvery + time.Second))
+	assert.False(t, ok)
+}
+
 func TestSubscriber_CompactsBetweenItsVacuumsWhileTheHorizonIsPinned(t *testing.T) {
 	t.Parallel()
 	pool, ob := newOutbox(t)

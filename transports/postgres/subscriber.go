@@ -263,6 +263,10 @@ type Subscriber struct {
 	wg      sync.WaitGroup // flusher and maintenance loop
 
 	tracked tracker
+
+	// compactions keeps the compaction log to a line a minute (maintain's
+	// goroutine alone uses it).
+	compactions compactLog
 }
 
 // NewSubscriber validates cfg and returns a Subscriber over pool. The pool
@@ -433,10 +437,39 @@ func (s *Subscriber) compact(ctx context.Context) (again, compacted bool) {
 		over = false
 	}
 	if len(tables) > 0 {
-		s.log.Info("omnibus: compacted tables whose dead versions vacuum could not remove (a long transaction is holding the xmin horizon)",
-			"tables", tables)
+		if n, ok := s.compactions.note(time.Now()); ok {
+			s.log.Info("omnibus: compacted tables whose dead versions vacuum could not remove (a long transaction is holding the xmin horizon)",
+				"tables", tables, "compactions", n)
+		}
 	}
 	return over, len(tables) > 0
+}
+
+// compactLogEvery is the least time between two compaction log lines.
+const compactLogEvery = time.Minute
+
+// compactLog counts compactions and lets one log line through per
+// compactLogEvery: behind a pinned horizon a busy relay compacts every few
+// seconds (make soak-horizon: every 2-4 s), and a line each time would bury
+// everything else the process logs for as long as the transaction stays
+// open. The first compaction is logged at once, so the operator learns of
+// the pin when it starts to cost.
+type compactLog struct {
+	next  time.Time
+	since int
+}
+
+// note counts a compaction at now and reports whether to log it, with the
+// number of compactions the line stands for (this one and those not logged
+// since the last line).
+func (l *compactLog) note(now time.Time) (compactions int, log bool) {
+	l.since++
+	if now.Before(l.next) {
+		return 0, false
+	}
+	n := l.since
+	l.since, l.next = 0, now.Add(compactLogEvery)
+	return n, true
 }
 
 // partitions maintains the partitions of a table in the partitioned layout
