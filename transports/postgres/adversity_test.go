@@ -367,7 +367,7 @@ func TestFetch_ConcurrentFetchesHandOutOnlyWhatTheyLeased(t *testing.T) {
 					return
 				}
 				for len(lanes) > 0 && ctx.Err() == nil {
-					if lanes, _, err = e.reconcile(ctx, lanes, nil); err != nil {
+					if lanes, _, err = e.reconcile(ctx, lanes, nil, nil); err != nil {
 						t.Errorf("%s: reconcile: %v", e.worker, err)
 						return
 					}

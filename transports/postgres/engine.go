@@ -522,30 +522,35 @@ func pgErrorText(err error) string {
 // out: every row of the lane up to it existed when the fetch held the lane
 // locked, so no row at or below it can appear later (but by a requeue), and
 // the lane's floor may move up to the first pending row, at most last+1.
-func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneKey]int64) (retry []laneKey, readyNow int64, err error) {
+//
+// Lanes in drained (their last run was all acked and held every row in line)
+// are most likely empty, and would only be found so here to go the careful
+// way (settleCareful) after it: they go there at once, which spares them a
+// lock and a look at their rows, and spares the transaction when every lane
+// is drained, as when a relay drains a backlog of short keys
+// (BenchmarkRelayDrain). The careful way is right for any lane (a lane that
+// is not empty after all gets its next ready time there, or is given back
+// ready when a writer holds it), so a wrong guess costs only time.
+func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneKey]int64, drained map[laneKey]bool) (retry []laneKey, readyNow int64, err error) {
 	if len(lanes) == 0 {
 		return nil, 0, nil
 	}
-	gs, ts, ks := laneArrays(lanes)
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		return lanes, 0, fmt.Errorf("reconcile lanes of %q: begin: %w", e.q.table, err)
+	var careful, rest []laneKey
+	for _, l := range lanes {
+		if drained[l] {
+			careful = append(careful, l)
+		} else {
+			rest = append(rest, l)
+		}
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-
-	locked, err := e.lockLanes(ctx, tx, gs, ts, ks)
-	if err != nil {
-		return lanes, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
-	}
-	var careful []laneKey
-	if len(locked) > 0 {
-		careful, readyNow, err = e.recompute(ctx, tx, locked, lasts, false)
+	var locked []laneKey
+	if len(rest) > 0 {
+		var again []laneKey
+		locked, again, readyNow, err = e.recomputeHeld(ctx, rest, lasts)
 		if err != nil {
 			return lanes, 0, err
 		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return lanes, 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
+		careful = append(careful, again...)
 	}
 	if len(careful) > 0 {
 		n, err := e.settleCareful(ctx, careful, lasts)
@@ -553,26 +558,54 @@ func (e *engine) reconcile(ctx context.Context, lanes []laneKey, lasts map[laneK
 			// The other lanes are given back already (and may be leased
 			// again, even by this worker): only the careful ones, still ours
 			// and untouched, and those not locked are left to retry.
-			return append(careful, minus(lanes, locked)...), readyNow, err
+			return append(careful, minus(rest, locked)...), readyNow, err
 		}
 		readyNow += n
 	}
-	if len(locked) == len(lanes) {
+	if len(locked) == len(rest) {
 		return nil, readyNow, nil
 	}
 	// Some lanes were not locked: either a writer holds them (retry later) or
 	// they are not ours any more (drop them).
-	rest := minus(lanes, locked)
-	rg, rt, rk := laneArrays(rest)
+	left := minus(rest, locked)
+	rg, rt, rk := laneArrays(left)
 	rows, err := e.pool.Query(ctx, e.q.ownedLanes, e.worker, rg, rt, rk)
 	if err != nil {
-		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
+		return left, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
 	}
 	retry, err = scanLanes(rows)
 	if err != nil {
-		return rest, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
+		return left, readyNow, fmt.Errorf("reconcile lanes of %q: check ownership: %w", e.q.table, err)
 	}
 	return retry, readyNow, nil
+}
+
+// recomputeHeld locks the lanes it can and gives them their next ready
+// time, in one transaction. It returns the lanes it locked, those of them
+// that need the careful way (empty or asleep: see settleCareful), and how
+// many lanes are ready now.
+func (e *engine) recomputeHeld(ctx context.Context, lanes []laneKey, lasts map[laneKey]int64) (locked, careful []laneKey, readyNow int64, err error) {
+	gs, ts, ks := laneArrays(lanes)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("reconcile lanes of %q: begin: %w", e.q.table, err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	locked, err = e.lockLanes(ctx, tx, gs, ts, ks)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("reconcile lanes of %q: lock: %w", e.q.table, err)
+	}
+	if len(locked) > 0 {
+		careful, readyNow, err = e.recompute(ctx, tx, locked, lasts, false)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)
+	}
+	return locked, careful, readyNow, nil
 }
 
 // lockLanes runs Bookkeeping and LockLanes in tx, in one round trip.

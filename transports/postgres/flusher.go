@@ -19,8 +19,11 @@ type flusher struct {
 type flushItem struct {
 	op   settleOp
 	lane *laneKey
-	last int64         // for a lane: the highest id its fetch handed out, 0 if none
-	done chan struct{} // a barrier: closed once what came before it is written
+	last int64 // for a lane: the highest id its fetch handed out, 0 if none
+	// drained: for a lane, its last run was all acked and held every row in
+	// line when it was picked, so the lane is most likely empty now.
+	drained bool
+	done    chan struct{} // a barrier: closed once what came before it is written
 }
 
 func newFlusher(s *Subscriber) *flusher {
@@ -35,8 +38,11 @@ func newFlusher(s *Subscriber) *flusher {
 func (f *flusher) settle(op settleOp) { f.in <- flushItem{op: op} }
 
 // lane gives back a lane whose run ended; last is the highest id of rows
-// its fetch handed out (0 for none), which lets the lane's floor move.
-func (f *flusher) lane(k laneKey, last int64) { f.in <- flushItem{lane: &k, last: last} }
+// its fetch handed out (0 for none), which lets the lane's floor move, and
+// drained says the lane is most likely empty (engine.reconcile).
+func (f *flusher) lane(k laneKey, last int64, drained bool) {
+	f.in <- flushItem{lane: &k, last: last, drained: drained}
+}
 
 // written returns once everything handed to the flusher before the call is
 // written (or CloseTimeout has passed trying). A subscription calls it
@@ -56,6 +62,7 @@ func (f *flusher) run() {
 		ops      []settleOp
 		lanes    []laneKey
 		lasts    = map[laneKey]int64{}
+		drained  = map[laneKey]bool{}
 		timer    = time.NewTimer(time.Hour)
 		armed    bool
 		failures int
@@ -80,7 +87,7 @@ func (f *flusher) run() {
 			ops = ops[:0]
 		}
 		if len(lanes) > 0 {
-			retry, ready, err := f.s.eng.reconcile(ctx, lanes, lasts)
+			retry, ready, err := f.s.eng.reconcile(ctx, lanes, lasts, drained)
 			if err != nil {
 				f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(retry))
 			}
@@ -92,6 +99,7 @@ func (f *flusher) run() {
 				if !keep[k] {
 					f.s.tracked.removeLane(k)
 					delete(lasts, k)
+					delete(drained, k)
 				}
 			}
 			lanes = append(lanes[:0], retry...)
@@ -135,6 +143,9 @@ func (f *flusher) run() {
 			lanes = append(lanes, *it.lane)
 			if it.last > lasts[*it.lane] {
 				lasts[*it.lane] = it.last
+			}
+			if it.drained {
+				drained[*it.lane] = true
 			}
 		} else {
 			ops = append(ops, it.op)

@@ -80,6 +80,8 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 		out   []row
 		ops   []settleOp
 		lanes = append([]laneKey(nil), res.idle...)
+		// nacked: lanes whose run had a row not acked
+		nacked = map[laneKey]bool{}
 	)
 	for _, r := range res.cut {
 		ops = append(ops, r.settle('r'))
@@ -97,6 +99,9 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 			}
 			op.id, op.lease = r.id, r.attempts+1
 			ops = append(ops, *op)
+			if u.lane != nil {
+				nacked[*u.lane] = true
+			}
 			for _, rest := range u.rows[i+1:] {
 				ops = append(ops, rest.settle('r'))
 			}
@@ -109,14 +114,18 @@ func cycle(t *testing.T, e *engine, batch int, decide func(r row) *settleOp) []r
 	_, err = e.settle(ctx, ops)
 	require.NoError(t, err)
 	// As the flusher does: each lane with a run gives back the highest id
-	// its fetch handed out, so the lane's floor moves.
+	// its fetch handed out, so the lane's floor moves, and a lane whose run
+	// was all acked and shorter than RunLength is given back as drained
+	// (subscription.deliver).
 	lasts := map[laneKey]int64{}
+	drained := map[laneKey]bool{}
 	for _, u := range res.units {
 		if u.lane != nil {
 			lasts[*u.lane] = u.rows[len(u.rows)-1].id
+			drained[*u.lane] = len(u.rows) < e.run && !nacked[*u.lane]
 		}
 	}
-	retry, _, err := e.reconcile(ctx, lanes, lasts)
+	retry, _, err := e.reconcile(ctx, lanes, lasts, drained)
 	require.NoError(t, err)
 	require.Empty(t, retry, "no writer holds a lane here, so every lane must be given back")
 	return out

@@ -16,8 +16,33 @@ import (
 // row completed) while a writer inserts the next row of that key. Whatever
 // the interleaving, once both are done a pending row must have a lane, or a
 // note its writer left that the next fetch turns into one.
+//
+// Both ways a lane is given back are raced: the lane's rows looked at first
+// (drained false), and straight to the careful way (drained true: the
+// relay's run was all acked and held every row in line).
 func TestLanes_WriterRacingLaneDeletionIsNeverOrphaned(t *testing.T) {
 	t.Parallel()
+	for _, drained := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drained=%v", drained), func(t *testing.T) {
+			t.Parallel()
+			writerRacingLaneDeletion(t, drained)
+		})
+	}
+}
+
+// hint is the reconcile argument that marks lanes drained, or nil.
+func hint(drained bool, lanes ...laneKey) map[laneKey]bool {
+	if !drained {
+		return nil
+	}
+	m := map[laneKey]bool{}
+	for _, l := range lanes {
+		m[l] = true
+	}
+	return m
+}
+
+func writerRacingLaneDeletion(t *testing.T, drained bool) {
 	pool, ob := newOutbox(t)
 	ctx := context.Background()
 	e := testEngine(pool, ob, "relay", 16)
@@ -61,7 +86,7 @@ func TestLanes_WriterRacingLaneDeletionIsNeverOrphaned(t *testing.T) {
 			pending := []laneKey{*lane}
 			for len(pending) > 0 {
 				var err error
-				pending, _, err = e.reconcile(ctx, pending, nil)
+				pending, _, err = e.reconcile(ctx, pending, nil, hint(drained, *lane))
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -132,8 +157,20 @@ func TestLanes_EmptyLaneIsDeletedAfterItsLastRow(t *testing.T) {
 // The other race: a lane holding only a delayed event is put to sleep until
 // that event is due, while a writer adds a row that is due now. The new row
 // must not sleep with the lane.
+//
+// Given back as drained (its run was all acked and held every row in line:
+// the delayed row is not in line), the lane goes the careful way at once.
 func TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed(t *testing.T) {
 	t.Parallel()
+	for _, drained := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drained=%v", drained), func(t *testing.T) {
+			t.Parallel()
+			writerRacingLaneGoingToSleep(t, drained)
+		})
+	}
+}
+
+func writerRacingLaneGoingToSleep(t *testing.T, drained bool) {
 	pool, ob := newOutbox(t)
 	ctx := context.Background()
 	e := testEngine(pool, ob, "relay", 16)
@@ -169,7 +206,7 @@ func TestLanes_WriterRacingLaneGoingToSleepIsNotDelayed(t *testing.T) {
 			pending := []laneKey{*res.units[0].lane}
 			for len(pending) > 0 {
 				var err error
-				pending, _, err = e.reconcile(ctx, pending, nil)
+				pending, _, err = e.reconcile(ctx, pending, nil, hint(drained, pending...))
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -260,4 +297,59 @@ func TestLeaseLanes_TriesOnlyItsCandidatesWhateverThePlan(t *testing.T) {
 	var locks int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks))
 	assert.LessOrEqual(t, locks, 20, "the fetch holds the locks of its candidates only, not of every ready lane")
+}
+
+// A lane given back as drained (engine.reconcile) that is not empty after
+// all keeps its rows: a row written after its run was picked is delivered
+// next, and a delayed row not in line puts the lane to sleep until it is
+// due. The lane's floor still moves past the run.
+func TestReconcile_ALaneGivenBackAsDrainedThatIsNotEmptyKeepsItsRows(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	e := testEngine(pool, ob, "relay", 16)
+	lanes := ob.q.table.derived("_lanes").quoted()
+	dueAt := time.Now().Add(time.Hour)
+	reminder := event("sleepy", "reminder")
+	SetDeliverAt(reminder, dueAt)
+	enqueue(t, pool, ob, "t", event("late", "first"), event("sleepy", "first"), reminder)
+
+	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 2)
+	var (
+		ops   []settleOp
+		given []laneKey
+		lasts = map[laneKey]int64{}
+	)
+	for _, u := range res.units {
+		require.Equal(t, []string{"first"}, payloads(u.rows), "key %s: the delayed row is not in line", u.lane.key)
+		ops = append(ops, u.rows[0].settle('a'))
+		given = append(given, *u.lane)
+		lasts[*u.lane] = u.rows[0].id
+	}
+	_, err = e.settle(ctx, ops)
+	require.NoError(t, err)
+	enqueue(t, pool, ob, "t", event("late", "second")) // after the pick
+
+	retry, _, err := e.reconcile(ctx, given, lasts, hint(true, given...))
+	require.NoError(t, err)
+	assert.Empty(t, retry)
+	for _, l := range given {
+		var (
+			readyAt  time.Time
+			floor    int64
+			lockedBy *string
+		)
+		require.NoError(t, pool.QueryRow(ctx, `SELECT ready_at, floor_id, locked_by FROM `+lanes+` WHERE partition_key = $1`, l.key).
+			Scan(&readyAt, &floor, &lockedBy), "key %s keeps its lane", l.key)
+		assert.Nil(t, lockedBy, "key %s: the lane is given back", l.key)
+		assert.Equal(t, lasts[l]+1, floor, "key %s: the floor moves past the run", l.key)
+		if l.key == "sleepy" {
+			assert.WithinDuration(t, dueAt, readyAt, time.Second, "the lane sleeps until its delayed row is due")
+		} else {
+			assert.False(t, readyAt.After(time.Now()), "the lane with a due row is ready now (%s)", readyAt)
+		}
+	}
+	assert.Equal(t, []string{"second"}, payloads(cycle(t, e, 10, nil)), "the row written after the pick is delivered next, alone")
 }

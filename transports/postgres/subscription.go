@@ -129,7 +129,7 @@ func (sub *subscription) start(parent, ctx context.Context, res fetchResult) (lo
 	}
 	for _, k := range res.idle {
 		s.tracked.addLane(k)
-		s.flush.lane(k, 0)
+		s.flush.lane(k, 0, false)
 	}
 	return loose
 }
@@ -225,10 +225,11 @@ const chainFor = 250 * time.Millisecond
 // row and releases the rest of the run.
 func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	s := sub.s
+	drained := false // the key's last run was all acked and held every row in line
 	defer func() {
 		s.tracked.done(u)
 		if u.lane != nil {
-			s.flush.lane(*u.lane, u.rows[len(u.rows)-1].id)
+			s.flush.lane(*u.lane, u.rows[len(u.rows)-1].id, drained)
 		}
 		sub.active.Add(-1)
 		signal(sub.unitDone)
@@ -253,6 +254,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		all := sub.emit(base, ctx, u, &acks)
 		if ahead == nil {
 			sub.settleAll(acks)
+			drained = all && len(u.rows) < s.eng.run
 			return
 		}
 		n := <-ahead
@@ -261,6 +263,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 		}
 		if n.unit.lane == nil {
 			sub.settleAll(acks)
+			drained = all && n.settled // the next run found nothing in line
 			return
 		}
 		if !all || ctx.Err() != nil || !n.unit.lease.held(time.Now()) {
