@@ -50,16 +50,20 @@ func BenchmarkRelayDrain(b *testing.B) {
 		pgbench.Vacuum(b, pool, relayT, floorT)
 		b.StartTimer()
 
+		floorCPU := pgbench.ReadCPU()
 		floor := floorDrain(b, pool, floorT, drainBatch)
+		floorCost := floorCPU.PerEvent(drainRows)
 
 		tr.reset()
 		s := pgbench.NewSink(drainRows)
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
+		relayCPU := pgbench.ReadCPU()
 		start := time.Now()
 		r := startRelay(b, pool, relayT, postgres.SubscriberConfig{}, s)
 		elapsed := s.Wait(b, 5*time.Minute).Sub(start)
 		runtime.ReadMemStats(&after)
+		relayCost := relayCPU.PerEvent(drainRows)
 		b.StopTimer()
 		r.stop(b)
 		allocs := float64(after.Mallocs-before.Mallocs) / drainRows
@@ -73,6 +77,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 		n, _, med := tr.fetches()
 		b.Logf("relay: %d events in %s (%.0f/s), %d fetches (median %.1f ms), %.0f allocations (%.0f bytes) per event in this process; floor: %.0f/s; %s",
 			drainRows, elapsed.Round(time.Millisecond), relay, n, ms(med), allocs, allocBytes, floor, pgbench.LoadAvg(3))
+		b.Logf("relay: %s; floor: %s", relayCost, floorCost)
 		b.Logf("relay statements by wall time (the relay runs them on several connections at once):")
 		for _, l := range tr.top(4) {
 			b.Log("  " + l)
