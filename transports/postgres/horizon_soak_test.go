@@ -191,10 +191,15 @@ func TestPinnedHorizonStand(t *testing.T) {
 	}
 	defer unpin()
 
-	t.Logf("%-6s %9s %9s %9s %9s %9s %9s %9s %10s %10s %10s %10s %10s %10s",
+	t.Logf("%-6s %9s %9s %9s %9s %9s %9s %9s %10s %10s %10s %10s %10s %10s %6s",
 		"minute", "written/s", "deliver/s", "commit99", "fetch50", "fetch99", "lag99", "WAL/event",
-		"dead(out)", "size(out)", "idx(out)", "dead(lanes)", "size(lanes)", "dedup")
+		"dead(out)", "size(out)", "idx(out)", "dead(lanes)", "size(lanes)", "dedup", "HOT%")
 	lsn := walLSN(t, pool)
+	// HOT%: the share of the outbox's row updates (leases, settlements) in
+	// the minute that were HOT, so wrote no index entry. Behind a pinned
+	// horizon no page is pruned, and once a page's free space is used its
+	// updates cannot be HOT.
+	var updates, hot int64
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
 	began := time.Now()
@@ -211,7 +216,7 @@ func TestPinnedHorizonStand(t *testing.T) {
 		commit, fetch, lag := m.take()
 		// dead(lanes) is the statistics' count, which lags (engine.compact);
 		// size(lanes), the lanes table's file, does not.
-		var deadOut, deadLanes, size, idx, dedup, lanesSize int64
+		var deadOut, deadLanes, size, idx, dedup, lanesSize, upd, hotUpd int64
 		// A partitioned table has no storage of its own: its figures are
 		// its partitions' (and its dedup table's, which only it has).
 		require.NoError(t, pool.QueryRow(ctx, `
@@ -219,16 +224,23 @@ func TestPinnedHorizonStand(t *testing.T) {
 			SELECT coalesce((SELECT sum(s.n_dead_tup) FROM pg_stat_user_tables s JOIN p USING (relid)), 0)::bigint,
 			       coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0),
 			       (SELECT sum(pg_table_size(relid)) FROM p)::bigint, (SELECT sum(pg_indexes_size(relid)) FROM p)::bigint,
-			       coalesce(pg_total_relation_size(to_regclass($3)), 0), pg_relation_size($2::regclass)`,
-			tn.quoted(), tn.derived("_lanes").quoted(), tn.derived("_dedup").quoted()).Scan(&deadOut, &deadLanes, &size, &idx, &dedup, &lanesSize))
+			       coalesce(pg_total_relation_size(to_regclass($3)), 0), pg_relation_size($2::regclass),
+			       coalesce((SELECT sum(s.n_tup_upd) FROM pg_stat_user_tables s JOIN p USING (relid)), 0)::bigint,
+			       coalesce((SELECT sum(s.n_tup_hot_upd) FROM pg_stat_user_tables s JOIN p USING (relid)), 0)::bigint`,
+			tn.quoted(), tn.derived("_lanes").quoted(), tn.derived("_dedup").quoted()).Scan(&deadOut, &deadLanes, &size, &idx, &dedup, &lanesSize, &upd, &hotUpd))
+		hotPct := "-"
+		if upd > updates {
+			hotPct = strconv.FormatInt(100*(hotUpd-hot)/(upd-updates), 10)
+		}
+		updates, hot = upd, hotUpd
 		walPer := "-"
 		if d > 0 {
 			walPer = strconv.FormatInt((now-lsn)/d, 10)
 		}
 		lsn = now
-		t.Logf("%-6d %9d %9d %9s %9s %9s %9s %9s %10d %10s %10s %10d %10s %10s",
+		t.Logf("%-6d %9d %9d %9s %9s %9s %9s %9s %10d %10s %10s %10d %10s %10s %6s",
 			i, w/60, d/60, pct(commit, 99), pct(fetch, 50), pct(fetch, 99), pct(lag, 99), walPer,
-			deadOut, mib(size), mib(idx), deadLanes, mib(lanesSize), mib(dedup))
+			deadOut, mib(size), mib(idx), deadLanes, mib(lanesSize), mib(dedup), hotPct)
 		if time.Since(began) >= duration-30*time.Second {
 			break
 		}
