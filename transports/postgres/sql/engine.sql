@@ -568,7 +568,10 @@ RETURNING l.consumer_group, l.topic, l.partition_key
 
 -- name: SweepLanes
 -- The sweep recreates a lane for every keyed pending row that lacks one
--- (rows inserted with the trigger disabled, lanes deleted by hand).
+-- (rows inserted with the trigger disabled, lanes deleted by hand). A key
+-- with a note waiting is not missing its lane: the next fetch makes it
+-- from the note (TakeNotes takes at most 1,000 at a time, so the sweep's
+-- own take may leave some).
 INSERT INTO {L} (consumer_group, topic, partition_key, ready_at)
 SELECT DISTINCT {SWEEPGROUP}, t.topic, t.partition_key, now()
 FROM {T} t
@@ -576,6 +579,9 @@ WHERE t.status = 'pending' AND t.partition_key IS NOT NULL
   AND NOT EXISTS (
       SELECT 1 FROM {L} l
       WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key)
+  AND NOT EXISTS (
+      SELECT 1 FROM {N} n
+      WHERE n.consumer_group = {SWEEPGROUP} AND n.topic = t.topic AND n.partition_key = t.partition_key)
 ON CONFLICT DO NOTHING
 
 -- name: DeadVersions
