@@ -688,10 +688,14 @@ func (e *engine) settleCareful(ctx context.Context, careful []laneKey, lasts map
 	}
 	if len(back) > 0 {
 		bg, bt, bk := laneArrays(back)
-		if _, err := tx.Exec(ctx, e.q.readyLanes, e.worker, bg, bt, bk); err != nil {
+		// Only the lanes still ours are given back ready and counted: a lane
+		// another worker took over since is left to it, and counting it would
+		// wake this worker's fetch for nothing.
+		tag, err := tx.Exec(ctx, e.q.readyLanes, e.worker, bg, bt, bk)
+		if err != nil {
 			return 0, fmt.Errorf("give back lanes of %q: %w", e.q.table, err)
 		}
-		readyNow += int64(len(back))
+		readyNow += tag.RowsAffected()
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("reconcile lanes of %q: commit: %w", e.q.table, err)

@@ -380,3 +380,40 @@ func TestReconcile_ALaneGivenBackAsDrainedThatIsNotEmptyKeepsItsRows(t *testing.
 	}
 	assert.Equal(t, []string{"second"}, payloads(cycle(t, e, 10, nil)), "the row written after the pick is delivered next, alone")
 }
+
+// A relay that gives back as drained a lane another relay has taken over
+// since (its lease ran out) leaves that lane alone: not deleted, still the
+// other relay's, and not counted as ready (which would wake its fetch for
+// nothing). The other relay then delivers the key's new row.
+func TestReconcile_ADrainedLaneAnotherRelayTookIsLeftToIt(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes := ob.q.table.derived("_lanes").quoted()
+	enqueue(t, pool, ob, "t", event("k", "first"))
+	a, b := testEngine(pool, ob, "a", 16), testEngine(pool, ob, "b", 16)
+	res, err := a.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	u := res.units[0]
+	_, err = a.settle(ctx, []settleOp{u.rows[0].settle('a')})
+	require.NoError(t, err)
+
+	// a stalls past its lease; a writer adds a row and b takes the key.
+	enqueue(t, pool, ob, "t", event("k", "second"))
+	_, err = pool.Exec(ctx, `UPDATE `+lanes+` SET locked_until = now() - interval '1s'`)
+	require.NoError(t, err)
+	taken, err := b.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, taken.units, 1)
+	require.Equal(t, []string{"second"}, payloads(taken.units[0].rows))
+
+	retry, ready, err := a.reconcile(ctx, []laneKey{*u.lane}, map[laneKey]int64{*u.lane: u.rows[0].id}, hint(true, *u.lane))
+	require.NoError(t, err)
+	assert.Empty(t, retry, "a drops a lane that is no longer its own")
+	assert.Zero(t, ready, "a lane that is not a's is not counted as ready for a")
+	var lockedBy *string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT locked_by FROM `+lanes).Scan(&lockedBy), "the lane is still there")
+	require.NotNil(t, lockedBy)
+	assert.Equal(t, "b", *lockedBy, "the lane is still b's")
+}
