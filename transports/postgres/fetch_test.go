@@ -290,3 +290,38 @@ func TestFetch_CrashedRelaysRowsGoToAnotherAfterLeaseExpiry(t *testing.T) {
 	}, "the crashed relay's lease to expire and the rows to be delivered")
 	assert.Equal(t, []string{"k1", "k2", "k3"}, got, "taken over in order")
 }
+
+// A lease changes no indexed column, so on a page with room (fillfactor 70)
+// it is a HOT update: no index gets an entry for it. The pick also decides
+// there whether a row's attempts are spent, and gives a leased row its own
+// status back; PostgreSQL compares values, so that keeps it HOT too.
+func TestFetch_LeaseIsAHOTUpdate(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	var msgs []*message.Message
+	for i := range 20 {
+		msgs = append(msgs, event(fmt.Sprintf("k%d", i%2), fmt.Sprintf("e%d", i)))
+	}
+	enqueue(t, pool, ob, "t", msgs...)
+	e := testEngine(pool, ob, "w1", 16)
+	res, err := e.fetch(context.Background(), AllTopics, 10, 10)
+	require.NoError(t, err)
+	leased := 0
+	for _, u := range res.units {
+		leased += len(u.rows)
+	}
+	require.Equal(t, 20, leased)
+	// The counters of the table and, in the partitioned layout, its
+	// partitions; a backend reports them within a second or so of going idle.
+	var updates, hot int64
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		require.NoError(t, pool.QueryRow(context.Background(), `
+SELECT coalesce(sum(s.n_tup_upd), 0)::bigint, coalesce(sum(s.n_tup_hot_upd), 0)::bigint
+FROM pg_stat_user_tables s
+WHERE s.relid = $1::regclass OR s.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`,
+			ob.q.table.quoted()).Scan(&updates, &hot))
+		return updates >= 20
+	}, "the lease's updates to reach the statistics")
+	assert.Equal(t, int64(20), updates, "one update per leased row")
+	assert.Equal(t, updates, hot, "every lease is a HOT update")
+}
