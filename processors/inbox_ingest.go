@@ -176,10 +176,11 @@ type InboxIngest struct {
 
 // ingestRequest is one message waiting for its batch.
 type ingestRequest struct {
-	msg  *message.Message
-	ctx  context.Context // the message's context when it was handed in
-	id   string
-	done chan error
+	msg     *message.Message
+	checked *postgres.Checked // msg, encoded for the insert by Handle's check
+	ctx     context.Context   // the message's context when it was handed in
+	id      string
+	done    chan error
 }
 
 // NewInboxIngest validates cfg and builds the ingest over pool. A nil logger
@@ -227,11 +228,12 @@ func (g *InboxIngest) Breaker() *middleware.CircuitBreaker { return g.breaker }
 // once its batch has committed: nil acks it. A duplicate returns nil at once
 // after the insert found it, without running the inline handler.
 func (g *InboxIngest) Handle(msg *message.Message) error {
-	if err := g.inbox.Check(msg, g.cfg.Topic); err != nil {
+	checked, err := g.inbox.CheckMessage(msg, g.cfg.Topic)
+	if err != nil {
 		return bus.Permanent(fmt.Errorf("ingest: %w", err))
 	}
 	ctx := msg.Context()
-	r := &ingestRequest{msg: msg, ctx: ctx, id: bus.EventID(msg), done: make(chan error, 1)}
+	r := &ingestRequest{msg: msg, checked: checked, ctx: ctx, id: bus.EventID(msg), done: make(chan error, 1)}
 	select {
 	case g.in <- r:
 	case <-ctx.Done():
@@ -420,16 +422,16 @@ func (g *InboxIngest) store(ctx context.Context, reqs []*ingestRequest) []error 
 // counted.
 func storeError(err error) error { return postgres.ClassifyError(err) }
 
-func (g *InboxIngest) msgs(reqs []*ingestRequest) []*message.Message {
-	out := make([]*message.Message, len(reqs))
+func (g *InboxIngest) checked(reqs []*ingestRequest) []*postgres.Checked {
+	out := make([]*postgres.Checked, len(reqs))
 	for i, r := range reqs {
-		out[i] = r.msg
+		out[i] = r.checked
 	}
 	return out
 }
 
 func (g *InboxIngest) storeOnly(ctx context.Context, reqs []*ingestRequest) ([]error, error) {
-	fresh, err := g.inbox.StoreWith(ctx, g.pool, postgres.StoreOptions{Group: g.cfg.ConsumerGroup, Topic: g.cfg.Topic}, g.msgs(reqs)...)
+	fresh, err := g.inbox.StoreChecked(ctx, g.pool, postgres.StoreOptions{Group: g.cfg.ConsumerGroup}, g.checked(reqs)...)
 	if err != nil {
 		return nil, err
 	}
@@ -451,7 +453,7 @@ func (g *InboxIngest) storeInline(ctx context.Context, reqs []*ingestRequest) ([
 		return nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	fresh, err := g.inbox.StoreWith(ctx, tx, postgres.StoreOptions{Group: g.cfg.ConsumerGroup, Topic: g.cfg.Topic, Completed: true}, g.msgs(reqs)...)
+	fresh, err := g.inbox.StoreChecked(ctx, tx, postgres.StoreOptions{Group: g.cfg.ConsumerGroup, Completed: true}, g.checked(reqs)...)
 	if err != nil {
 		return nil, err
 	}

@@ -143,10 +143,78 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 	if opts.Group == "" {
 		return nil, errors.New("store: consumer group: must not be empty")
 	}
-	if len(msgs) == 0 {
+	rows := make([]inboxRow, len(msgs))
+	for i, msg := range msgs {
+		if msg == nil {
+			return nil, fmt.Errorf("store: message %d is nil", i)
+		}
+		r, err := in.prepare(msg, opts.Topic)
+		if err != nil {
+			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
+		}
+		rows[i] = r
+	}
+	return in.store(ctx, db, opts, rows)
+}
+
+// Checked is a message CheckMessage accepted, made ready for the insert:
+// StoreChecked stores it without checking and encoding it again.
+type Checked struct {
+	in    *Inbox
+	msg   *message.Message
+	topic string // as given to CheckMessage
+	row   inboxRow
+}
+
+// Message returns the message that was checked.
+func (c *Checked) Message() *message.Message { return c.msg }
+
+// CheckMessage is Check that keeps what it made ready for the insert, for
+// StoreChecked: a consumer that checks each message before it stores a
+// batch of them (processors.InboxIngest) then encodes each message once.
+func (in *Inbox) CheckMessage(msg *message.Message, topic string) (*Checked, error) {
+	if msg == nil {
+		return nil, errors.New("check: message is nil")
+	}
+	r, err := in.prepare(msg, topic)
+	if err != nil {
+		return nil, err
+	}
+	return &Checked{in: in, msg: msg, topic: topic, row: r}, nil
+}
+
+// StoreChecked is StoreWith for messages CheckMessage accepted. Each message
+// keeps the source topic it was checked with (opts.Topic is not used). A
+// message another Inbox checked is checked again, against this one's
+// limits.
+func (in *Inbox) StoreChecked(ctx context.Context, db DB, opts StoreOptions, msgs ...*Checked) ([]bool, error) {
+	if opts.Group == "" {
+		return nil, errors.New("store: consumer group: must not be empty")
+	}
+	rows := make([]inboxRow, len(msgs))
+	for i, c := range msgs {
+		if c == nil {
+			return nil, fmt.Errorf("store: message %d is nil", i)
+		}
+		if c.in == in {
+			rows[i] = c.row
+			continue
+		}
+		r, err := in.prepare(c.msg, c.topic)
+		if err != nil {
+			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
+		}
+		rows[i] = r
+	}
+	return in.store(ctx, db, opts, rows)
+}
+
+// store inserts rows for opts.Group; see Store.
+func (in *Inbox) store(ctx context.Context, db DB, opts StoreOptions, rs []inboxRow) ([]bool, error) {
+	n := len(rs)
+	if n == 0 {
 		return nil, nil
 	}
-	n := len(msgs)
 	var (
 		msgIDs   = make([]string, n)
 		eventIDs = make([]pgtype.UUID, n) // not []*uuid.UUID: pgx encodes those element by element through reflection and driver.Valuer
@@ -157,20 +225,13 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 		metas    = make([][]byte, n)
 		attempts = make([]int32, n)
 	)
-	for i, msg := range msgs {
-		if msg == nil {
-			return nil, fmt.Errorf("store: message %d is nil", i)
-		}
-		r, err := in.prepare(msg, opts.Topic)
-		if err == nil && opts.DedupPerTopic {
+	for i, r := range rs {
+		if opts.DedupPerTopic {
 			r.messageID = r.topic + "/" + r.messageID
 			if len(r.messageID) > MaxMessageIDBytes {
-				err = &InvalidMessageError{UUID: msg.UUID, Field: "topic and event id",
-					Why: fmt.Sprintf("%d bytes together is over the limit of %d", len(r.messageID), MaxMessageIDBytes)}
+				return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, &InvalidMessageError{UUID: r.uuid, Field: "topic and event id",
+					Why: fmt.Sprintf("%d bytes together is over the limit of %d", len(r.messageID), MaxMessageIDBytes)})
 			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
 		}
 		msgIDs[i], topics[i], keys[i], types[i] = r.messageID, r.topic, r.key, r.eventType
 		if r.eventID != nil {
@@ -243,6 +304,7 @@ func (in *Inbox) Remove(ctx context.Context, db DB, group string, msgs ...*messa
 
 // inboxRow is one message made ready for the insert.
 type inboxRow struct {
+	uuid        string // the message's, for errors
 	messageID   string
 	eventID     *uuid.UUID
 	topic       string
@@ -271,8 +333,7 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 	bad := func(field, why string) error {
 		return &InvalidMessageError{UUID: msg.UUID, Field: field, Why: why}
 	}
-	var r inboxRow
-	r.messageID = bus.EventID(msg)
+	r := inboxRow{uuid: msg.UUID, messageID: bus.EventID(msg)}
 	switch {
 	case r.messageID == "":
 		return r, bad("event id", "empty (neither event_id metadata nor a UUID)")

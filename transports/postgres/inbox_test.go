@@ -219,6 +219,54 @@ func TestInbox_InvalidMessageWritesNothing(t *testing.T) {
 	assert.Error(t, err, "a consumer group is required")
 }
 
+// StoreChecked stores what CheckMessage made ready as StoreWith stores the
+// messages: each with the topic it was checked with, deduplicated the same
+// way. A message another Inbox checked is checked again against this one's
+// limits, so a larger limit elsewhere lets nothing through here.
+func TestInbox_StoreCheckedStoresWhatStoreWithWould(t *testing.T) {
+	t.Parallel()
+	pool, in := newInbox(t)
+	ctx := context.Background()
+	a := received("orders", "order-1", "order.created", `{"n":1}`)
+	bare := message.NewMessage(watermill.NewUUID(), []byte("x")) // no Delivery: the topic is given
+	ca, err := in.CheckMessage(a, "")
+	require.NoError(t, err)
+	cb, err := in.CheckMessage(bare, "payments")
+	require.NoError(t, err)
+	assert.Same(t, a, ca.Message())
+	_, err = in.CheckMessage(message.NewMessage(watermill.NewUUID(), []byte("y")), "")
+	var inv *InvalidMessageError
+	require.ErrorAs(t, err, &inv, "CheckMessage refuses what Check refuses")
+	assert.Equal(t, "topic", inv.Field)
+
+	fresh, err := in.StoreChecked(ctx, pool, StoreOptions{Group: "g", Topic: "ignored"}, ca, cb, ca)
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true, true, false}, fresh, "a repeat within one call is new only the first time")
+	fresh, err = in.StoreWith(ctx, pool, StoreOptions{Group: "g"}, a)
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false}, fresh, "a message stored checked is a duplicate for StoreWith")
+	rows := inboxRows(t, pool, in)
+	require.Len(t, rows, 2)
+	assert.Equal(t, []string{"orders", "payments"}, []string{rows[0].topic, rows[1].topic}, "each keeps the topic it was checked with")
+	assert.Equal(t, "order-1", *rows[0].key)
+	assert.Equal(t, "order.created", *rows[0].eventType)
+	assert.Equal(t, "order-1", rows[0].metadata[bus.KeyPartitionKey])
+
+	small, err := NewInbox(InboxConfig{Table: in.Table(), MaxPayloadBytes: 4})
+	require.NoError(t, err)
+	big := received("orders", "k", "", "12345")
+	cbig, err := in.CheckMessage(big, "")
+	require.NoError(t, err)
+	_, err = small.StoreChecked(ctx, pool, StoreOptions{Group: "g"}, cbig)
+	require.ErrorAs(t, err, &inv, "checked by an Inbox with a larger limit, refused by this one")
+	assert.Equal(t, "Payload", inv.Field)
+	_, err = in.StoreChecked(ctx, pool, StoreOptions{Group: "g"}, nil)
+	assert.ErrorContains(t, err, "message 0 is nil")
+	_, err = in.StoreChecked(ctx, pool, StoreOptions{}, ca)
+	assert.ErrorContains(t, err, "consumer group")
+	assert.Len(t, inboxRows(t, pool, in), 2, "nothing of a refused call is written")
+}
+
 func TestInbox_MaxAttemptsFromConfigAndMessage(t *testing.T) {
 	t.Parallel()
 	pool, in := newInbox(t)
