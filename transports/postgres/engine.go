@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -353,7 +352,8 @@ func (e *engine) scanPicked(rows pgx.Rows, start time.Time, res *fetchResult) er
 		}
 		r.eventID = deref(eventID)
 		if len(meta) > 0 {
-			if err := json.Unmarshal(meta, &r.metadata); err != nil {
+			var err error
+			if r.metadata, err = decodeMetadata(meta); err != nil {
 				// A row whose metadata is not a JSON object of strings was not
 				// written by us; deliver it with what we can read.
 				r.metadata = map[string]string{"omnibus_metadata_error": err.Error()}
