@@ -277,10 +277,7 @@ func (in *Inbox) store(ctx context.Context, db DB, opts StoreOptions, rs []inbox
 // statement checks each first, so that one bad message cannot fail the
 // others.
 func (in *Inbox) Check(msg *message.Message, topic string) error {
-	if msg == nil {
-		return errors.New("check: message is nil")
-	}
-	_, err := in.prepare(msg, topic)
+	_, err := in.CheckMessage(msg, topic)
 	return err
 }
 
