@@ -140,21 +140,13 @@ func (in *Inbox) Store(ctx context.Context, db DB, group string, msgs ...*messag
 // StoreWith is Store with options: an explicit source topic, or rows stored
 // completed. See Store.
 func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs ...*message.Message) ([]bool, error) {
-	if opts.Group == "" {
-		return nil, errors.New("store: consumer group: must not be empty")
-	}
-	rows := make([]inboxRow, len(msgs))
-	for i, msg := range msgs {
-		if msg == nil {
-			return nil, fmt.Errorf("store: message %d is nil", i)
+	return in.storeEach(ctx, db, opts, len(msgs), func(i int) (inboxRow, bool, error) {
+		if msgs[i] == nil {
+			return inboxRow{}, false, nil
 		}
-		r, err := in.prepare(msg, opts.Topic)
-		if err != nil {
-			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
-		}
-		rows[i] = r
-	}
-	return in.store(ctx, db, opts, rows)
+		r, err := in.prepare(msgs[i], opts.Topic)
+		return r, true, err
+	})
 }
 
 // Checked is a message CheckMessage accepted, made ready for the insert:
@@ -188,19 +180,31 @@ func (in *Inbox) CheckMessage(msg *message.Message, topic string) (*Checked, err
 // message another Inbox checked is checked again, against this one's
 // limits.
 func (in *Inbox) StoreChecked(ctx context.Context, db DB, opts StoreOptions, msgs ...*Checked) ([]bool, error) {
+	return in.storeEach(ctx, db, opts, len(msgs), func(i int) (inboxRow, bool, error) {
+		switch c := msgs[i]; {
+		case c == nil:
+			return inboxRow{}, false, nil
+		case c.in == in:
+			return c.row, true, nil
+		default:
+			r, err := in.prepare(c.msg, c.topic)
+			return r, true, err
+		}
+	})
+}
+
+// storeEach stores n messages, the i-th made ready by row(i) (ok false for
+// a nil message); see Store.
+func (in *Inbox) storeEach(ctx context.Context, db DB, opts StoreOptions, n int, row func(i int) (r inboxRow, ok bool, err error)) ([]bool, error) {
 	if opts.Group == "" {
 		return nil, errors.New("store: consumer group: must not be empty")
 	}
-	rows := make([]inboxRow, len(msgs))
-	for i, c := range msgs {
-		if c == nil {
+	rows := make([]inboxRow, n)
+	for i := range n {
+		r, ok, err := row(i)
+		if !ok {
 			return nil, fmt.Errorf("store: message %d is nil", i)
 		}
-		if c.in == in {
-			rows[i] = c.row
-			continue
-		}
-		r, err := in.prepare(c.msg, c.topic)
 		if err != nil {
 			return nil, fmt.Errorf("store to %q: %w", in.cfg.Table, err)
 		}
