@@ -121,7 +121,7 @@ WHERE (i.indrelid = $1::regclass OR i.indrelid IN (SELECT inhrelid FROM pg_inher
 	// A table from before 0009: the index, on the parent and so on every partition.
 	_, err := pool.Exec(ctx, `CREATE INDEX `+quoteIdent(tb.Name+"_event_idx")+` ON `+quoteIdent(tb.Name)+` (event_id, topic)`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1 AND version = 9`, tb.Name)
+	_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1 AND version >= 9`, tb.Name)
 	require.NoError(t, err)
 	require.Equal(t, 1+PartitionsAhead+1+1, eventIndexes(), "the parent's, each partition's and the default partition's")
 	require.NoError(t, Migrate(ctx, pool, tb))
