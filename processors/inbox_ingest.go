@@ -176,8 +176,7 @@ type InboxIngest struct {
 
 // ingestRequest is one message waiting for its batch.
 type ingestRequest struct {
-	msg     *message.Message
-	checked *postgres.Checked // msg, encoded for the insert by Handle's check
+	checked *postgres.Checked // the message, encoded for the insert by Handle's check
 	ctx     context.Context   // the message's context when it was handed in
 	id      string
 	done    chan error
@@ -233,7 +232,7 @@ func (g *InboxIngest) Handle(msg *message.Message) error {
 		return bus.Permanent(fmt.Errorf("ingest: %w", err))
 	}
 	ctx := msg.Context()
-	r := &ingestRequest{msg: msg, checked: checked, ctx: ctx, id: bus.EventID(msg), done: make(chan error, 1)}
+	r := &ingestRequest{checked: checked, ctx: ctx, id: bus.EventID(msg), done: make(chan error, 1)}
 	select {
 	case g.in <- r:
 	case <-ctx.Done():
@@ -476,7 +475,7 @@ func (g *InboxIngest) storeInline(ctx context.Context, reqs []*ingestRequest) ([
 		}
 		if herr != nil {
 			results[i] = herr
-			failed = append(failed, r.msg)
+			failed = append(failed, r.checked.Message())
 		}
 	}
 	if err := g.inbox.Remove(ctx, tx, g.cfg.ConsumerGroup, failed...); err != nil {
@@ -504,7 +503,7 @@ func (g *InboxIngest) runInline(ctx context.Context, tx pgx.Tx, r *ingestRequest
 	// The handler gets a copy of the message, so that nothing it does races
 	// with the broker's goroutine, which may stop waiting (timeout) and
 	// settle the original.
-	m := r.msg.Copy()
+	m := r.checked.Message().Copy()
 	m.SetContext(postgres.WithTx(r.ctx, tx))
 	herr = g.callInline(m)
 	if herr == nil {
