@@ -37,6 +37,11 @@ type row struct {
 	attempts     int
 	maxAttempts  int
 	createdAt    time.Time
+	// own: the row carries a lease of its own (an unkeyed row, or a row left
+	// over from a lost lease), which renewal extends. A keyed row is
+	// otherwise covered by its lane's lease and was not written to when it
+	// was handed out (migration 0010).
+	own bool
 }
 
 // unit is what one fetch hands out for one key: the run of a lane, or a
@@ -342,7 +347,7 @@ func (e *engine) scanPicked(rows pgx.Rows, start time.Time, res *fetchResult) er
 			meta    []byte
 			eventID *string // NULL in an inbox row whose message id is not a UUID
 		)
-		if err := rows.Scan(&ok, &r.id, &eventID, &r.topic, &r.partitionKey, &r.eventType, &r.payload, &meta,
+		if err := rows.Scan(&ok, &r.own, &r.id, &eventID, &r.topic, &r.partitionKey, &r.eventType, &r.payload, &meta,
 			&r.attempts, &r.maxAttempts, &r.createdAt); err != nil {
 			return fmt.Errorf("scan: %w", err)
 		}

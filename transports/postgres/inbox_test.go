@@ -424,7 +424,12 @@ func TestSubscriber_CompleteInTxCommitsWithTheEffect(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	status, lockedBy := statusOf(t, pool, in, first.UUID, "g")
 	assert.Equal(t, "pending", status)
-	require.NotNil(t, lockedBy, "still leased after the rollback")
+	assert.Nil(t, lockedBy, "a keyed row is covered by its lane's lease, not written to")
+	var runBy *string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT run_by FROM `+in.q.table.derived("_lanes").quoted()+`
+WHERE consumer_group = 'g' AND partition_key = 'k'`).Scan(&runBy))
+	require.NotNil(t, runBy, "still out in the lane's run after the rollback")
+	assert.Equal(t, sub.eng.worker, *runBy)
 	m.Nack()
 
 	// Committed: effect and completion together; the later ack is a no-op.

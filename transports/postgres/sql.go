@@ -47,6 +47,8 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //	{GCOL} {MSGID}  admin: a row's group and message id ('' for the outbox)
 //	{COMPLETED}     console: the CompletedCapped or CompletedNotCounted fragment
 //	{KEY_COUNTS}    admin, console: the KeyCounts fragment
+//	{LANE_RUNS}     admin, console: the LaneRuns fragment
+//	{LOST_RUN}      engine: the LostRun fragment (LeaseLanes, LeaseLane)
 //	{FILTER}        admin: where a FailedFilter's conditions go, per call
 //	{SCHEMA}        CreateSchema: the table's schema (quoted)
 //	{CHANNEL}       Listen, Unlisten: a table's channel (quoted)
@@ -112,7 +114,9 @@ func (v vocab) pairs() []string {
 	fragments := strings.NewReplacer(kv...)
 	kv = append(kv,
 		"{COMPLETED}", fragments.Replace(statements.Block(completed).SQL),
-		"{KEY_COUNTS}", fragments.Replace(statements.Block("KeyCounts").SQL))
+		"{KEY_COUNTS}", fragments.Replace(statements.Block("KeyCounts").SQL),
+		"{LANE_RUNS}", fragments.Replace(statements.Block("LaneRuns").SQL),
+		"{LOST_RUN}", fragments.Replace(statements.Block("LostRun").SQL))
 	return kv
 }
 

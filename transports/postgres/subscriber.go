@@ -603,7 +603,8 @@ func sweepEvery(interval, took time.Duration) time.Duration {
 }
 
 // tracker knows the rows and lanes this worker holds, for lease renewal,
-// and the lease of each lane a unit is delivering.
+// and the lease of each lane a unit is delivering. Only rows with a lease
+// of their own are tracked: the others are covered by their lane's.
 type tracker struct {
 	mu     sync.Mutex
 	rows   map[int64]struct{}
@@ -619,7 +620,9 @@ func (t *tracker) add(u unit) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, r := range u.rows {
-		t.rows[r.id] = struct{}{}
+		if r.own {
+			t.rows[r.id] = struct{}{}
+		}
 	}
 	if u.lane != nil {
 		t.lanes[*u.lane]++
@@ -648,7 +651,9 @@ func (t *tracker) continued(old, next unit) {
 		delete(t.rows, r.id)
 	}
 	for _, r := range next.rows {
-		t.rows[r.id] = struct{}{}
+		if r.own {
+			t.rows[r.id] = struct{}{}
+		}
 	}
 	t.leases[*next.lane] = next.lease
 }

@@ -112,19 +112,30 @@ func TestExtend_RowsAnotherStatementHoldsAreSkippedAndLanesStillRenewed(t *testi
 	t.Parallel()
 	pool, ob := newOutbox(t)
 	ctx := context.Background()
+	// Unkeyed rows carry leases of their own; the keyed row is covered by
+	// its lane's (migration 0010).
 	for i := range 4 {
-		enqueue(t, pool, ob, "t", event("k", fmt.Sprintf("r%d", i)))
+		enqueue(t, pool, ob, "t", event("", fmt.Sprintf("r%d", i)))
 	}
+	enqueue(t, pool, ob, "t", event("k", "keyed"))
 	e := testEngine(pool, ob, "relay", 16)
-	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	res, err := e.fetch(ctx, AllTopics, 10, 10)
 	require.NoError(t, err)
-	require.Len(t, res.units, 1)
-	run := res.units[0]
-	require.Len(t, run.rows, 4)
-	ids := make([]int64, len(run.rows))
-	for i, r := range run.rows {
-		ids[i] = r.id
+	require.Len(t, res.units, 5)
+	var (
+		run *unit
+		ids []int64
+	)
+	for i, u := range res.units {
+		if u.lane != nil {
+			run = &res.units[i]
+			continue
+		}
+		require.True(t, u.rows[0].own, "an unkeyed row has its own lease")
+		ids = append(ids, u.rows[0].id)
 	}
+	require.NotNil(t, run)
+	require.Len(t, ids, 4)
 	until := func(id int64) (at time.Time) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT locked_until FROM `+ob.q.table.quoted()+` WHERE id = $1`, id).Scan(&at))
 		return at

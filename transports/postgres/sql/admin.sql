@@ -6,7 +6,8 @@
 -- name: Stats
 -- One statement, so every figure comes from the same snapshot and the same
 -- now(). "In line" and "due" use the definitions of the fetch: an expired
--- lease is no lease. The key counts are the KeyCounts fragment.
+-- lease is no lease. The key counts are the KeyCounts fragment; the rows a
+-- lane's lease covers (migration 0010), the LaneRuns fragment.
 WITH r AS (
     SELECT count(*) FILTER (WHERE t.status = 'pending') AS pending,
            count(*) FILTER (WHERE t.status = 'pending' AND t.scheduled_at <= now()
@@ -18,12 +19,14 @@ WITH r AS (
            min(t.created_at) FILTER (WHERE t.status = 'pending') AS oldest
     FROM {T} t
     WHERE true{GROUP_T}
+), c AS (
+    {LANE_RUNS}
 ), k AS (
     {KEY_COUNTS}
 )
-SELECT r.pending, r.due, r.leased, r.expired, r.failed, r.completed, r.oldest, now(),
+SELECT r.pending, r.due - c.due, r.leased + c.leased, r.expired + c.expired, r.failed, r.completed, r.oldest, now(),
        k.lanes, k.blocked, k.held
-FROM r, k
+FROM r, c, k
 
 -- name: Health
 -- Admin.Health: what long-running operation needs watched. The dead share
@@ -48,6 +51,25 @@ SELECT COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@t)), 0),
             WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid() AND a.datname = current_database()),
            (SELECT max(now() - p.prepared) FROM pg_prepared_xacts p WHERE p.database = current_database()),
            interval '0')
+
+-- fragment: LaneRuns
+-- {LANE_RUNS} of Stats and Overview: the pending rows that a lane's run
+-- covers (migration 0010: a keyed row handed out is not written to; its
+-- lane notes the run). They are leased while the lane's lease lives, and
+-- expired after; the rows' own columns count them as due, which they are
+-- not. Read per lane through the key index, from the lane's floor to the
+-- run's end.
+SELECT count(*) FILTER (WHERE l.locked_until >= now()) AS leased,
+       count(*) FILTER (WHERE l.locked_until IS NULL OR l.locked_until < now()) AS expired,
+       count(*) FILTER (WHERE x.scheduled_at <= now()) AS due
+FROM {L} l
+CROSS JOIN LATERAL (
+    SELECT t.scheduled_at FROM {T} t
+    WHERE t.topic = l.topic{GL_T} AND t.status = 'pending' AND t.locked_by IS NULL
+      AND (t.partition_key, t.id) >= (l.partition_key, l.floor_id)
+      AND (t.partition_key, t.id) <= (l.partition_key, l.run_end)
+) x
+WHERE l.run_by IS NOT NULL{GROUP_L}
 
 -- fragment: KeyCounts
 -- {KEY_COUNTS} of Stats and Overview: the keys with pending rows (lanes,
@@ -145,11 +167,25 @@ WHERE t.id IN (
     FOR UPDATE SKIP LOCKED)
 
 -- name: ReleaseExpiredLanes
-UPDATE {L} l SET locked_by = NULL, locked_until = NULL
-FROM (
-    SELECT l.consumer_group, l.topic, l.partition_key FROM {L} l
+-- A lane whose expired lease still has a run (migration 0010) handed out
+-- rows it never settled: each of them still pending counts the delivery, as
+-- the row's own lease did before it was released (ReleaseExpiredRows keeps
+-- attempts), and the run is forgotten with the lease.
+WITH x AS (
+    SELECT l.consumer_group, l.topic, l.partition_key, l.floor_id, l.run_by, l.run_end FROM {L} l
     WHERE l.locked_until < now(){GROUP_L}
-    FOR UPDATE SKIP LOCKED) x
+    FOR UPDATE SKIP LOCKED
+), counted AS (
+    UPDATE {T} t SET attempts = t.attempts + 1
+    FROM x k
+    WHERE k.run_by IS NOT NULL
+      AND t.topic = k.topic{G_TK}
+      AND t.status = 'pending' AND t.locked_by IS NULL
+      AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
+      AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
+)
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL
+FROM x
 WHERE l.consumer_group = x.consumer_group AND l.topic = x.topic AND l.partition_key = x.partition_key
 
 -- name: CleanupCutoff

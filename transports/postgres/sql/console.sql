@@ -26,16 +26,18 @@ WITH p AS (
     WHERE t.status = 'pending'{GROUP_T}
 ), f AS (
     SELECT count(*) AS failed FROM {T} t WHERE t.status = 'failed'{GROUP_T}
+), c AS (
+    {LANE_RUNS}
 ), k AS (
     {KEY_COUNTS}
 )
-SELECT p.pending, p.due, p.leased, p.expired, p.delayed, p.retrying, p.oldest, now(), f.failed,
+SELECT p.pending, p.due - c.due, p.leased + c.leased, p.expired + c.expired, p.delayed, p.retrying, p.oldest, now(), f.failed,
        {COMPLETED},
        COALESCE((SELECT sum(GREATEST(c.reltuples, 0))::bigint
                  FROM (SELECT to_regclass(@table) UNION SELECT relid FROM pg_partition_tree(to_regclass(@table))) p(relid)
                  JOIN pg_class c ON c.oid = p.relid WHERE c.relkind = 'r'), -1),
        k.lanes, k.blocked, k.held
-FROM p, f, k
+FROM p, f, c, k
 
 -- fragment: CompletedCapped
 -- Completed rows counted only up to @cap (LIMIT inside).
@@ -91,6 +93,18 @@ FROM (
     FROM {L} l
     WHERE l.locked_by IS NOT NULL{GROUP_L}
     GROUP BY l.locked_by
+    UNION ALL
+    -- The rows of lanes' runs (migration 0010), held by the run's worker.
+    SELECT l.run_by, count(*), 0, min(l.locked_until), max(l.locked_until)
+    FROM {L} l
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {T} t
+        WHERE t.topic = l.topic{GL_T} AND t.status = 'pending' AND t.locked_by IS NULL
+          AND (t.partition_key, t.id) >= (l.partition_key, l.floor_id)
+          AND (t.partition_key, t.id) <= (l.partition_key, l.run_end)
+    ) x
+    WHERE l.run_by IS NOT NULL{GROUP_L}
+    GROUP BY l.run_by
 ) x
 GROUP BY x.locked_by
 ORDER BY x.locked_by

@@ -26,7 +26,7 @@
 -- and holding every writer back (seen with stale statistics on a table of
 -- 66,000 lanes: two relays delivered 90 events/s).
 WITH c AS MATERIALIZED (
-    SELECT c.consumer_group, c.topic, c.partition_key
+    SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.locked_until
     FROM {L} c
     WHERE c.ready_at <= statement_timestamp()
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
@@ -35,17 +35,45 @@ WITH c AS MATERIALIZED (
     ORDER BY c.ready_at
     LIMIT 2 * $3
     FOR UPDATE SKIP LOCKED
-), free AS (
-    SELECT c.consumer_group, c.topic, c.partition_key
+), taken AS (
+    SELECT c.*
     FROM c
     WHERE pg_try_advisory_xact_lock({LANE_LOCK_C})
     LIMIT $3
+), {LOST_RUN}, leased AS (
+    UPDATE {L} l
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL
+    FROM taken c
+    WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+    RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
 )
-UPDATE {L} l
-SET locked_by = $1, locked_until = statement_timestamp() + $2::interval
-FROM free c
-WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
+SELECT consumer_group, topic, partition_key, floor_id FROM leased
+
+-- fragment: LostRun
+-- A fragment of LeaseLanes and LeaseLane ({LOST_RUN}): the CTE lost, over
+-- the lanes being leased (taken, with their values before the lease). A
+-- lane that still has a run (run_by, run_end: migration 0010) lost its last
+-- lease without a give-back: the relay holding it died or lost the lease
+-- while it handled the run. Each row of that run still pending gets what a
+-- row lease of that relay would have left: the delivery counted (attempts
+-- + 1) and the lease, expired, in locked_by and locked_until. Pick, the
+-- next statement, then treats those rows as left over from an expired lease
+-- (one at a time; failed once their attempts are spent), as it did when
+-- every row was leased on its own. Rows of the run the relay settled are not
+-- pending (acked), or were taken out of the run by their settlement (a
+-- failure or a release lowers run_end: Settle). A row a relay leased on its
+-- own (locked_by set) is already what this makes.
+lost AS (
+    UPDATE {T} t
+    SET locked_by = k.run_by, locked_until = COALESCE(k.locked_until, statement_timestamp()), attempts = t.attempts + 1
+    FROM taken k
+    WHERE k.run_by IS NOT NULL
+      AND t.topic = k.topic{G_TK}
+      AND t.status = 'pending'
+      AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
+      AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
+      AND t.locked_by IS NULL
+)
 
 -- name: TakeNotes
 -- The first statement of every fetch: it turns the notes writers left (a
@@ -161,11 +189,12 @@ WITH lane AS (
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
     WHERE l.locked_by = $1
 ), line AS (
-    SELECT lane.topic, lane.partition_key, r.id, r.created_at, r.deliverable, r.leftover
+    SELECT lane.topic, lane.partition_key, r.*
     FROM lane CROSS JOIN LATERAL (
         SELECT t.id, t.created_at,
                (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable,
-               t.locked_by IS NOT NULL AS leftover
+               t.locked_by IS NOT NULL AS leftover,
+               t.event_id, t.event_type, t.payload, t.metadata, t.attempts, t.max_attempts
         FROM {T} t
         WHERE t.topic = lane.topic{G_T}
           -- The key and its floor as a range of row comparisons on
@@ -188,14 +217,21 @@ WITH lane AS (
         LIMIT $6
     ) r
 ), run AS (
-    SELECT id, created_at, topic, partition_key FROM (
-        SELECT id, created_at, topic, partition_key, leftover,
+    SELECT * FROM (
+        SELECT line.*,
                bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok,
                COALESCE(bool_or(leftover) OVER (PARTITION BY topic, partition_key ORDER BY id
                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS after_leftover
         FROM line
     ) x
     WHERE ok AND NOT after_leftover AND NOT (leftover AND $12::boolean)
+), ran AS (
+    -- The lane's lease covers the rows of the run that are not left over:
+    -- they are not written to; the lane notes that they are out.
+    UPDATE {L} l
+    SET run_by = $1, run_end = GREATEST(COALESCE(l.run_end, 0), r.last)
+    FROM (SELECT topic, partition_key, max(id) AS last FROM run WHERE NOT leftover GROUP BY 1, 2) r
+    WHERE l.consumer_group = $9 AND l.topic = r.topic AND l.partition_key = r.partition_key AND l.locked_by = $1
 ), loose AS (
     SELECT t.id, t.created_at
     FROM {T} t
@@ -217,23 +253,29 @@ WITH lane AS (
         locked_until = CASE WHEN t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts THEN NULL
                             ELSE statement_timestamp() + $2::interval END,
         attempts     = CASE WHEN t.locked_by IS NOT NULL AND t.attempts >= t.max_attempts THEN t.attempts ELSE t.attempts + 1 END
-    WHERE (t.id, t.created_at) IN (SELECT id, created_at FROM run UNION ALL SELECT id, created_at FROM loose)
+    WHERE (t.id, t.created_at) IN (SELECT id, created_at FROM run WHERE leftover UNION ALL SELECT id, created_at FROM loose)
       AND (t.status = 'pending') IS TRUE AND t.scheduled_at <= statement_timestamp()
       AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())
     RETURNING t.status = 'failed' AS spent, t.id, t.event_id::text, t.topic, t.partition_key, t.event_type, t.payload, t.metadata,
               t.attempts - 1 AS attempts, t.max_attempts, t.created_at
 ), handed AS (
     SELECT id, bool_and(got) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok
-    FROM (SELECT r.id, r.topic, r.partition_key, r.id IN (SELECT id FROM picked WHERE NOT spent) AS got FROM run r) r
+    FROM (SELECT r.id, r.topic, r.partition_key, NOT r.leftover OR r.id IN (SELECT id FROM picked WHERE NOT spent) AS got
+          FROM run r) r
 )
 -- The joins with picked are written as IN over an uncorrelated subquery
 -- (a hashed SubPlan), not as joins: the planner cannot estimate how many
 -- rows the CTEs hold, and a nested loop over two of them was quadratic
 -- (a fetch of 1,000 rows took 300 ms).
-SELECT NOT (p.id IN (SELECT id FROM handed WHERE NOT ok)) AS ok, p.id, p.event_id, p.topic, p.partition_key,
+SELECT NOT (p.id IN (SELECT id FROM handed WHERE NOT ok)) AS ok, true AS own, p.id, p.event_id, p.topic, p.partition_key,
        p.event_type, p.payload, p.metadata, p.attempts, p.max_attempts, p.created_at
 FROM picked p
 WHERE NOT p.spent
+UNION ALL
+SELECT NOT (r.id IN (SELECT id FROM handed WHERE NOT ok)), false, r.id, r.event_id::text, r.topic, r.partition_key,
+       r.event_type, r.payload, r.metadata, r.attempts, r.max_attempts, r.created_at
+FROM run r
+WHERE NOT r.leftover
 
 -- name: LaneLock
 -- A relay waits its turn on a lane that writers never leave free (a hot key
@@ -244,18 +286,21 @@ WHERE NOT p.spent
 SELECT pg_advisory_xact_lock({LANE_LOCK})
 
 -- name: LeaseLane
-UPDATE {L} l
-SET locked_by = $1, locked_until = statement_timestamp() + $2::interval
-FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key
+WITH taken AS (
+    SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.locked_until
     FROM {L} c
     WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
       AND c.ready_at <= statement_timestamp()
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
     FOR UPDATE
-) c
-WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
+), {LOST_RUN}, leased AS (
+    UPDATE {L} l
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL
+    FROM taken c
+    WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
+    RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
+)
+SELECT consumer_group, topic, partition_key, floor_id FROM leased
 
 -- name: Bookkeeping
 -- Bookkeeping is the first statement of every transaction of the engine
@@ -367,12 +412,26 @@ LIMIT $4
 -- attempt, retries after TransientDelay, keeps the row pending: a Nack
 -- without a settlement means "deliver again", as everywhere in
 -- Watermill).
+--
+-- A row of a run the lane's lease covers (migration 0010) was not written to
+-- when it was handed out: it is pending with locked_by NULL and the
+-- attempts it had (one less than its lease value). Its guard is the lane's
+-- run: run_by is this worker and run_end is at or above the row (one probe
+-- of the lanes' primary key per such row). An ack completes it; a failure
+-- counts from there (attempts + inc); a release has nothing to undo. A failure or a release takes the row out of its lane's run
+-- (run_end below it; cut), so that a lease taking the lane over does not
+-- count a delivery of it again. When the lane's lease was taken over meanwhile,
+-- that lease wrote the row as left over from ours (LostRun): locked_by is
+-- ours again and the row lease's rules apply.
 WITH acked AS (
     UPDATE {T} t
     SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
         attempts = t.attempts - (t.attempts = u.lease)::int
     FROM unnest($2::bigint[], $12::int[]) AS u(id, lease)
-    WHERE t.id = u.id AND t.id = ANY($2::bigint[]) AND t.locked_by = $1
+    WHERE t.id = u.id AND t.id = ANY($2::bigint[])
+      AND (t.locked_by = $1 OR (t.locked_by IS NULL AND t.status = 'pending' AND t.id <= (
+          SELECT l.run_end FROM {L} l
+          WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key AND l.run_by = $1)))
     RETURNING 1
 ), released AS (
     UPDATE {T} t
@@ -383,17 +442,30 @@ WITH acked AS (
 ), failed AS (
     UPDATE {T} t SET
         status = CASE
-            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc - 1 >= t.max_attempts) THEN 'failed'
+            WHEN u.op = 'n' AND (u.give_up OR t.attempts + u.inc - (t.locked_by IS NOT NULL)::int >= t.max_attempts) THEN 'failed'
             ELSE t.status END,
-        attempts     = t.attempts + u.inc - 1,
+        attempts     = t.attempts + u.inc - (t.locked_by IS NOT NULL)::int,
         last_error   = u.err,
         scheduled_at = COALESCE(u.retry_at, t.scheduled_at),
         locked_by    = NULL,
         locked_until = NULL
     FROM unnest($4::bigint[], $5::text[], $6::int[], $7::boolean[], $8::timestamptz[], $9::text[], $11::int[])
          AS u(id, op, inc, give_up, retry_at, err, lease)
-    WHERE t.id = u.id AND t.id = ANY($4::bigint[]) AND t.locked_by = $1 AND t.attempts = u.lease
+    WHERE t.id = u.id AND t.id = ANY($4::bigint[])
+      AND ((t.locked_by = $1 AND t.attempts = u.lease)
+           OR (t.locked_by IS NULL AND t.status = 'pending' AND t.attempts = u.lease - 1 AND t.id <= (
+               SELECT l.run_end FROM {L} l
+               WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key AND l.run_by = $1)))
     RETURNING 1
+), cut AS (
+    UPDATE {L} l
+    SET run_end = c.id - 1
+    FROM (SELECT {SWEEPGROUP} AS g, t.topic, t.partition_key, min(t.id) AS id
+          FROM {T} t
+          WHERE t.id = ANY($3::bigint[] || $4::bigint[]) AND t.locked_by IS NULL AND t.partition_key IS NOT NULL
+          GROUP BY 1, 2, 3) c
+    WHERE l.consumer_group = c.g AND l.topic = c.topic AND l.partition_key = c.partition_key
+      AND l.run_by = $1 AND l.run_end >= c.id
 )
 SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)
 
@@ -464,7 +536,7 @@ WITH k AS (
     ) b ON true
 ), kept AS (
     UPDATE {L} l
-    SET locked_by = NULL, locked_until = NULL, blocked = s.blocked,
+    SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, blocked = s.blocked,
         -- A requeue that lowered the floor since our snapshot wins.
         floor_id = CASE WHEN l.floor_id < s.floor_id THEN l.floor_id ELSE s.next_floor END,
         ready_at = CASE WHEN s.blocked THEN 'infinity'::timestamptz
@@ -530,7 +602,7 @@ RETURNING l.consumer_group, l.topic, l.partition_key
 -- name: ReadyLanes
 -- Lanes that could not be deleted (a writer is adding a row, or a row
 -- arrived) are given back ready, to be looked at again.
-UPDATE {L} l SET locked_by = NULL, locked_until = NULL, ready_at = now()
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, ready_at = now()
 FROM unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
 WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
   AND l.locked_by = $1
@@ -647,11 +719,17 @@ $do$
 -- Subscriber.CompleteInTx (was completeRowSQL in inbox_queries.go): completes
 -- one leased row in the caller's transaction. The lease guard makes it a no-op
 -- (0 rows) when another worker took the row over; the caller must then roll
--- back. Clearing locked_by also turns the subscriber's later batched ack of
--- the row into a no-op.
-UPDATE {T}
-SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL, attempts = attempts - 1
-WHERE id = $1 AND locked_by = $2 AND status = 'pending' AND attempts = $3
+-- back. A row its lane's lease covers (migration 0010; see Settle) is
+-- guarded by the lane's run. Completing the row also turns the subscriber's
+-- later batched ack of it into a no-op.
+UPDATE {T} t
+SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
+    attempts = t.attempts - (t.locked_by IS NOT NULL)::int
+WHERE t.id = $1 AND t.status = 'pending'
+  AND ((t.locked_by = $2 AND t.attempts = $3)
+       OR (t.locked_by IS NULL AND t.attempts = $3 - 1 AND t.id <= (
+           SELECT l.run_end FROM {L} l
+           WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key AND l.run_by = $2)))
 
 -- name: LanesVacuumedSince
 -- Whether both the lanes and the notes table ($2, $3: their quoted names)
