@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
 // Tests of runs covered by their lane's lease (migration 0010): a keyed row
@@ -175,4 +176,33 @@ func TestRuns_ReleasingAnExpiredLaneCountsItsRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, s.ExpiredLeases+s.Leased, "nothing left held")
 	assert.EqualValues(t, 3, s.Due)
+}
+
+// A row that was not due when the run was handed out was not handed out: a
+// delayed row is not in line, and the run passes it. The lease that takes
+// the lane over neither counts it nor makes it look left over, which would
+// make it hold its key back once due.
+func TestRuns_ALostRunLeavesADelayedRowItPassedAlone(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	delayed := event("k", "r2")
+	SetDeliverAt(delayed, time.Now().Add(time.Second))
+	enqueue(t, pool, ob, "t", event("k", "r1"), delayed, event("k", "r3"))
+	crashed := testEngine(pool, ob, "crashed", 16)
+	u := fetchOne(t, crashed)
+	require.Equal(t, []string{"r1", "r3"}, payloads(u.rows), "the delayed row is passed")
+	// r2 comes due; then the relay's lease is lost.
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return stateOf(t, pool, ob, "r2").scheduledAt.Before(time.Now())
+	}, "r2 to come due")
+	time.Sleep(50 * time.Millisecond)
+	expireLane(t, pool, ob, "k")
+
+	other := testEngine(pool, ob, "other", 16)
+	first := cycle(t, other, 10, nil)
+	require.Equal(t, []string{"r1"}, payloads(first), "the lost run's head goes alone")
+	s := stateOf(t, pool, ob, "r2")
+	assert.Zero(t, s.attempts, "r2 was never handed out: nothing to count")
+	assert.Nil(t, s.lockedBy, "and it is not left over from the lost lease")
+	assert.Equal(t, 1, stateOf(t, pool, ob, "r3").attempts, "r3 was handed out in the lost run")
 }

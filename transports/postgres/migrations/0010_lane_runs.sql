@@ -6,6 +6,11 @@
 -- life after its insert, by its settlement, instead of twice: behind a pinned
 -- xmin horizon, where no version is pruned, half of those leases found no
 -- room on their page and wrote an entry into every index of the row.
+-- run_at is when the first run since the lane was leased was handed out:
+-- every row of the lane from its floor to run_end that was due then is one
+-- the runs handed out (a run is every row in line up to its end, and rows
+-- with smaller ids cannot commit later); a row due only later (delayed,
+-- never tried, or requeued) may not have been.
 --
 -- A lane given back (reconciled, deleted, or made ready again) has no run.
 -- A lane leased while it still has one lost its last lease without a
@@ -16,3 +21,4 @@
 -- crash accounting (one row at a time, attempts spent) apply as before.
 ALTER TABLE {{.Lanes}} ADD COLUMN IF NOT EXISTS run_by text;
 ALTER TABLE {{.Lanes}} ADD COLUMN IF NOT EXISTS run_end bigint;
+ALTER TABLE {{.Lanes}} ADD COLUMN IF NOT EXISTS run_at timestamptz;

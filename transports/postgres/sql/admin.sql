@@ -68,6 +68,7 @@ CROSS JOIN LATERAL (
     WHERE t.topic = l.topic{GL_T} AND t.status = 'pending' AND t.locked_by IS NULL
       AND (t.partition_key, t.id) >= (l.partition_key, l.floor_id)
       AND (t.partition_key, t.id) <= (l.partition_key, l.run_end)
+      AND t.scheduled_at <= l.run_at
 ) x
 WHERE l.run_by IS NOT NULL{GROUP_L}
 
@@ -172,7 +173,7 @@ WHERE t.id IN (
 -- the row's own lease did before it was released (ReleaseExpiredRows keeps
 -- attempts), and the run is forgotten with the lease.
 WITH x AS (
-    SELECT l.consumer_group, l.topic, l.partition_key, l.floor_id, l.run_by, l.run_end FROM {L} l
+    SELECT l.consumer_group, l.topic, l.partition_key, l.floor_id, l.run_by, l.run_end, l.run_at FROM {L} l
     WHERE l.locked_until < now(){GROUP_L}
     FOR UPDATE SKIP LOCKED
 ), counted AS (
@@ -183,8 +184,9 @@ WITH x AS (
       AND t.status = 'pending' AND t.locked_by IS NULL
       AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
       AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
+      AND t.scheduled_at <= k.run_at
 )
-UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, run_at = NULL
 FROM x
 WHERE l.consumer_group = x.consumer_group AND l.topic = x.topic AND l.partition_key = x.partition_key
 

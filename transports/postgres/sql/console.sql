@@ -102,6 +102,7 @@ FROM (
         WHERE t.topic = l.topic{GL_T} AND t.status = 'pending' AND t.locked_by IS NULL
           AND (t.partition_key, t.id) >= (l.partition_key, l.floor_id)
           AND (t.partition_key, t.id) <= (l.partition_key, l.run_end)
+          AND t.scheduled_at <= l.run_at
     ) x
     WHERE l.run_by IS NOT NULL{GROUP_L}
     GROUP BY l.run_by

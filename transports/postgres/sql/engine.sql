@@ -26,7 +26,7 @@
 -- and holding every writer back (seen with stale statistics on a table of
 -- 66,000 lanes: two relays delivered 90 events/s).
 WITH c AS MATERIALIZED (
-    SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.locked_until
+    SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.run_at, c.locked_until
     FROM {L} c
     WHERE c.ready_at <= statement_timestamp()
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
@@ -42,7 +42,7 @@ WITH c AS MATERIALIZED (
     LIMIT $3
 ), {LOST_RUN}, leased AS (
     UPDATE {L} l
-    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL, run_at = NULL
     FROM taken c
     WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
     RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
@@ -62,7 +62,13 @@ SELECT consumer_group, topic, partition_key, floor_id FROM leased
 -- every row was leased on its own. Rows of the run the relay settled are not
 -- pending (acked), or were taken out of the run by their settlement (a
 -- failure or a release lowers run_end: Settle). A row a relay leased on its
--- own (locked_by set) is already what this makes.
+-- own (locked_by set) is already what this makes. A row that was not due
+-- when the first run was handed out (run_at) is left alone: it may not
+-- have been handed out (a delayed row is not in line and a run passes it),
+-- and counting it, or making it look left over, would make a delayed row
+-- hold its key back. So a row written with a delivery time between two
+-- runs of one lease goes uncounted once if that lease is lost; the next
+-- lease that hands it out counts it when it is lost.
 lost AS (
     UPDATE {T} t
     SET locked_by = k.run_by, locked_until = COALESCE(k.locked_until, statement_timestamp()), attempts = t.attempts + 1
@@ -73,6 +79,7 @@ lost AS (
       AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
       AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
       AND t.locked_by IS NULL
+      AND t.scheduled_at <= k.run_at
 )
 
 -- name: TakeNotes
@@ -229,7 +236,8 @@ WITH lane AS (
     -- The lane's lease covers the rows of the run that are not left over:
     -- they are not written to; the lane notes that they are out.
     UPDATE {L} l
-    SET run_by = $1, run_end = GREATEST(COALESCE(l.run_end, 0), r.last)
+    SET run_by = $1, run_end = GREATEST(COALESCE(l.run_end, 0), r.last),
+        run_at = COALESCE(l.run_at, statement_timestamp())
     FROM (SELECT topic, partition_key, max(id) AS last FROM run WHERE NOT leftover GROUP BY 1, 2) r
     WHERE l.consumer_group = $9 AND l.topic = r.topic AND l.partition_key = r.partition_key AND l.locked_by = $1
 ), loose AS (
@@ -287,7 +295,7 @@ SELECT pg_advisory_xact_lock({LANE_LOCK})
 
 -- name: LeaseLane
 WITH taken AS (
-    SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.locked_until
+    SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.run_at, c.locked_until
     FROM {L} c
     WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
       AND c.ready_at <= statement_timestamp()
@@ -295,7 +303,7 @@ WITH taken AS (
     FOR UPDATE
 ), {LOST_RUN}, leased AS (
     UPDATE {L} l
-    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL, run_at = NULL
     FROM taken c
     WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
     RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
@@ -536,7 +544,7 @@ WITH k AS (
     ) b ON true
 ), kept AS (
     UPDATE {L} l
-    SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, blocked = s.blocked,
+    SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, run_at = NULL, blocked = s.blocked,
         -- A requeue that lowered the floor since our snapshot wins.
         floor_id = CASE WHEN l.floor_id < s.floor_id THEN l.floor_id ELSE s.next_floor END,
         ready_at = CASE WHEN s.blocked THEN 'infinity'::timestamptz
@@ -602,7 +610,7 @@ RETURNING l.consumer_group, l.topic, l.partition_key
 -- name: ReadyLanes
 -- Lanes that could not be deleted (a writer is adding a row, or a row
 -- arrived) are given back ready, to be looked at again.
-UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, ready_at = now()
+UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, run_at = NULL, ready_at = now()
 FROM unnest($2::text[], $3::text[], $4::text[]) AS k(g, topic, pkey)
 WHERE l.consumer_group = k.g AND l.topic = k.topic AND l.partition_key = k.pkey
   AND l.locked_by = $1
