@@ -321,7 +321,15 @@ SELECT consumer_group, topic, partition_key, floor_id FROM leased
 -- picked row, at every fetch, for as long as the connection lived
 -- (BenchmarkNotifyLatency: commit→delivery p50 1.5–2.4 ms with sequential
 -- scans off, 2.9–4.0 ms with them on).
-SELECT set_config('synchronous_commit', 'off', true), set_config('enable_seqscan', 'off', true)
+--
+-- And without JIT compilation: every statement of the engine is short, and
+-- its costs, inflated by the disabled sequential scans and the per-row
+-- lookups of lanes in the settlement's guard (a plan cost of 4 million on a
+-- partitioned outbox), are past jit_above_cost, so PostgreSQL compiled each
+-- settlement: 630 ms of a statement that runs in 10 (the partitioned layout's
+-- pinned stand stalled at 400 events/s on it).
+SELECT set_config('synchronous_commit', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('jit', 'off', true)
 
 -- name: SettlePlans
 -- SettlePlans comes right before Settle (and ExtendRows) in its
@@ -354,7 +362,7 @@ SELECT set_config('enable_nestloop', current_setting('omnibus.saved_enable_nestl
 -- the renewal of a relay's lanes scanned the whole lanes table at every
 -- renewal (48 ms and 11,494 buffers per renewal after four minutes of the
 -- pinned-horizon stand, whose lanes table holds every version since the pin).
-SELECT set_config('enable_seqscan', 'off', true)
+SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 
 -- name: GenericPlans
 -- GenericPlans makes the rest of a transaction of engine.next use generic
@@ -465,15 +473,25 @@ WITH acked AS (
                SELECT l.run_end FROM {L} l
                WHERE l.consumer_group = {SWEEPGROUP} AND l.topic = t.topic AND l.partition_key = t.partition_key AND l.run_by = $1)))
     RETURNING 1
+), cutrows AS (
+    SELECT {SWEEPGROUP} AS g, t.topic, t.partition_key, min(t.id) AS id
+    FROM {T} t
+    WHERE t.id = ANY($3::bigint[] || $4::bigint[]) AND t.locked_by IS NULL AND t.partition_key IS NOT NULL
+    GROUP BY 1, 2, 3
+), cutlanes AS (
+    -- Each lane found by its primary key (a subquery per key, not a join:
+    -- with nested loops off, SettlePlans, a join read every lane at every
+    -- settlement), then updated by its ctid.
+    SELECT (SELECT l.ctid FROM {L} l
+            WHERE l.consumer_group = c.g AND l.topic = c.topic AND l.partition_key = c.partition_key
+              AND l.run_by = $1 AND l.run_end >= c.id) AS lane, c.id
+    FROM cutrows c
 ), cut AS (
     UPDATE {L} l
-    SET run_end = c.id - 1
-    FROM (SELECT {SWEEPGROUP} AS g, t.topic, t.partition_key, min(t.id) AS id
-          FROM {T} t
-          WHERE t.id = ANY($3::bigint[] || $4::bigint[]) AND t.locked_by IS NULL AND t.partition_key IS NOT NULL
-          GROUP BY 1, 2, 3) c
-    WHERE l.consumer_group = c.g AND l.topic = c.topic AND l.partition_key = c.partition_key
-      AND l.run_by = $1 AND l.run_end >= c.id
+    SET run_end = x.id - 1
+    FROM cutlanes x
+    WHERE l.ctid = x.lane AND l.ctid = ANY(ARRAY(SELECT lane FROM cutlanes WHERE lane IS NOT NULL))
+      AND l.run_by = $1 AND l.run_end >= x.id
 )
 SELECT (SELECT count(*) FROM acked) + (SELECT count(*) FROM released) + (SELECT count(*) FROM failed)
 
