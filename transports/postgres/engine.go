@@ -97,11 +97,22 @@ type settleOp struct {
 	giveUp  bool
 	retryAt *time.Time
 	err     string
+	// topic and run are the lane whose run covers the row (migration 0010;
+	// run is its partition key), run nil for a row with a lease of its own:
+	// the Settle statement guards an ack of a covered row by its lane's run.
+	topic string
+	run   *string
 }
 
 // settle returns the settlement op for r with its lease; the caller fills in
 // the failure's details.
-func (r row) settle(op byte) settleOp { return settleOp{id: r.id, op: op, lease: r.attempts + 1} }
+func (r row) settle(op byte) settleOp {
+	o := settleOp{id: r.id, op: op, lease: r.attempts + 1}
+	if !r.own {
+		o.topic, o.run = r.topic, r.partitionKey
+	}
+	return o
+}
 
 // engine runs the statements of one table for one worker. It holds no
 // goroutines; the Subscriber drives it, and tests drive it cycle by cycle.
@@ -427,6 +438,10 @@ func (e *engine) settleArgs(ops []settleOp) []any {
 	var (
 		acks, releases []int64
 		ackLeases      []int32
+		ackRuns        []int32 // 1-based index into runTopics and runKeys; 0: no run
+		runTopics      []string
+		runKeys        []string
+		runOf          map[[2]string]int32
 		releaseLeases  []int32
 		ids            []int64
 		kinds          []string
@@ -441,6 +456,19 @@ func (e *engine) settleArgs(ops []settleOp) []any {
 		case 'a':
 			acks = append(acks, o.id)
 			ackLeases = append(ackLeases, int32(o.lease))
+			var run int32
+			if o.run != nil {
+				k := [2]string{o.topic, *o.run}
+				if run = runOf[k]; run == 0 {
+					if runOf == nil {
+						runOf = map[[2]string]int32{}
+					}
+					runTopics, runKeys = append(runTopics, k[0]), append(runKeys, k[1])
+					run = int32(len(runKeys))
+					runOf[k] = run
+				}
+			}
+			ackRuns = append(ackRuns, run)
 		case 'r':
 			releases = append(releases, o.id)
 			releaseLeases = append(releaseLeases, int32(o.lease))
@@ -454,7 +482,8 @@ func (e *engine) settleArgs(ops []settleOp) []any {
 			leases = append(leases, int32(o.lease))
 		}
 	}
-	return []any{e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs, releaseLeases, leases, ackLeases}
+	return []any{e.worker, acks, releases, ids, kinds, incs, giveUps, retryAts, errs, releaseLeases, leases, ackLeases,
+		runTopics, runKeys, e.group, ackRuns}
 }
 
 // settleIsolating writes ops like settle. When PostgreSQL refuses the batch

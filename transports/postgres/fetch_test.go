@@ -199,7 +199,7 @@ func TestSettle_GuardedByLease(t *testing.T) {
 	res, err := e.fetch(context.Background(), AllTopics, 1, 1)
 	require.NoError(t, err)
 	thief := testEngine(pool, ob, "w2", 1)
-	n, err := thief.settle(context.Background(), []settleOp{{id: res.units[0].rows[0].id, op: 'a'}})
+	n, err := thief.settle(context.Background(), []settleOp{res.units[0].rows[0].settle('a')})
 	require.NoError(t, err)
 	assert.Zero(t, n, "a worker that does not hold the lease must not settle the row")
 	assert.Equal(t, "pending", stateOf(t, pool, ob, "x").status)

@@ -60,7 +60,7 @@ func writerRacingLaneDeletion(t *testing.T, drained bool) {
 		for _, u := range res.units {
 			if u.lane != nil && u.lane.key == key {
 				lane = u.lane
-				_, err := e.settle(ctx, []settleOp{{id: u.rows[0].id, op: 'a'}})
+				_, err := e.settle(ctx, []settleOp{u.rows[0].settle('a')})
 				require.NoError(t, err)
 			}
 		}
@@ -211,7 +211,7 @@ func writerRacingLaneGoingToSleep(t *testing.T, drained bool) {
 		require.NoError(t, err)
 		require.Len(t, res.units, 1, "round %d", i)
 		require.Equal(t, []string{"first"}, payloads(res.units[0].rows), "round %d: the delayed event is not in the run", i)
-		_, err = e.settle(ctx, []settleOp{{id: res.units[0].rows[0].id, op: 'a'}})
+		_, err = e.settle(ctx, []settleOp{res.units[0].rows[0].settle('a')})
 		require.NoError(t, err)
 
 		var wg sync.WaitGroup

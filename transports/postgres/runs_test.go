@@ -126,7 +126,8 @@ func TestRuns_ASettlementOutsideTheLanesRunChangesNothing(t *testing.T) {
 	n, err := thief.settle(context.Background(), []settleOp{u.rows[0].settle('a')})
 	require.NoError(t, err)
 	assert.Zero(t, n, "a worker whose run it is not does not settle r1")
-	n, err = e.settle(context.Background(), []settleOp{{id: r2, op: 'a', lease: 1}})
+	key := "k"
+	n, err = e.settle(context.Background(), []settleOp{row{id: r2, topic: "t", partitionKey: &key}.settle('a')})
 	require.NoError(t, err)
 	assert.Zero(t, n, "r2 is past the run's end: its holder was never handed it")
 	assert.Equal(t, "pending", stateOf(t, pool, ob, "r2").status)

@@ -84,7 +84,10 @@ func TestSQLFiles_EveryStatementPreparesAgainstMigratedTables(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
 	name := testenv.Name(t)
-	name = "q" + name[len(name)-40:] // room for the suffixes
+	if len(name) > 40 { // room for the suffixes
+		name = name[len(name)-40:]
+	}
+	name = "q" + name
 	schema := "s_" + name
 	tables := []Table{OutboxTable(name + "_o"), InboxTable(name + "_i"),
 		OutboxTable(schema + ".o"), InboxTable(schema + ".i"),
@@ -159,7 +162,7 @@ func TestSettle_PlanHashesTheAcksAgainstTheirRows(t *testing.T) {
 	ones := "{" + strings.Repeat("1,", 999) + "1}"
 	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 		plan := explainAfterSettlePlans(t, pool, ob, ob.q.settle, mode,
-			`'w', '`+ids+`', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '`+ones+`'`)
+			`'w', '`+ids+`', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '`+ones+`', '{t}', '{k1}', '', '`+ones+`'`)
 		assert.NotContains(t, plan, "Join Filter: (t.id = u.id)", "%s: a join filter re-reads the acks for each row:\n%s", mode, plan)
 		assert.NotContains(t, plan, "Nested Loop", "%s: no nested loop over the arrays:\n%s", mode, plan)
 	}
@@ -178,7 +181,7 @@ func TestSettle_PlanReadsRowsByIdEvenWhenPlannedOnAnEmptyTable(t *testing.T) {
 	pool, ob := newOutbox(t)
 	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 		plan := explainAfterSettlePlans(t, pool, ob, ob.q.settle, mode,
-			`'w', '{1,2,3}', '{4}', '{5}', '{n}', '{1}', '{false}', '{NULL}', '{e}', '{1}', '{1}', '{1,1,1}'`)
+			`'w', '{1,2,3}', '{4}', '{5}', '{n}', '{1}', '{false}', '{NULL}', '{e}', '{1}', '{1}', '{1,1,1}', '{t}', '{k}', '', '{1,1,0}'`)
 		assert.NotContains(t, plan, "Seq Scan on "+ob.q.table.name, "%s: a settlement reads the whole table:\n%s", mode, plan)
 	}
 }
