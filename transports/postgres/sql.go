@@ -48,7 +48,8 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //	{COMPLETED}     console: the CompletedCapped or CompletedNotCounted fragment
 //	{KEY_COUNTS}    admin, console: the KeyCounts fragment
 //	{LANE_RUNS}     admin, console: the LaneRuns fragment
-//	{LOST_RUN}      engine: the LostRun fragment (LeaseLanes, LeaseLane)
+//	{LOST_RUN} {LEASE_TAKEN}  engine: the LostRun and LeaseTaken fragments (LeaseLanes, LeaseLane)
+//	{RUN_ROWS}      admin, console: the RunRows fragment (LaneRuns, Leases)
 //	{FILTER}        admin: where a FailedFilter's conditions go, per call
 //	{SCHEMA}        CreateSchema: the table's schema (quoted)
 //	{CHANNEL}       Listen, Unlisten: a table's channel (quoted)
@@ -112,11 +113,15 @@ func (v vocab) pairs() []string {
 		completed = "CompletedNotCounted"
 	}
 	fragments := strings.NewReplacer(kv...)
+	// RunRows goes into LaneRuns, so it is rendered first.
+	kv = append(kv, "{RUN_ROWS}", fragments.Replace(statements.Block("RunRows").SQL))
+	fragments = strings.NewReplacer(kv...)
 	kv = append(kv,
 		"{COMPLETED}", fragments.Replace(statements.Block(completed).SQL),
 		"{KEY_COUNTS}", fragments.Replace(statements.Block("KeyCounts").SQL),
 		"{LANE_RUNS}", fragments.Replace(statements.Block("LaneRuns").SQL),
-		"{LOST_RUN}", fragments.Replace(statements.Block("LostRun").SQL))
+		"{LOST_RUN}", fragments.Replace(statements.Block("LostRun").SQL),
+		"{LEASE_TAKEN}", fragments.Replace(statements.Block("LeaseTaken").SQL))
 	return kv
 }
 

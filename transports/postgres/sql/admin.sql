@@ -57,11 +57,16 @@ SELECT COALESCE((SELECT ratio FROM dead WHERE relid = to_regclass(@t)), 0),
 -- covers (migration 0010: a keyed row handed out is not written to; its
 -- lane notes the run). They are leased while the lane's lease lives, and
 -- expired after; the rows' own columns count them as due, which they are
--- not. Read per lane through the key index, from the lane's floor to the
--- run's end.
+-- not.
 SELECT count(*) FILTER (WHERE l.locked_until >= now()) AS leased,
        count(*) FILTER (WHERE l.locked_until IS NULL OR l.locked_until < now()) AS expired,
        count(*) FILTER (WHERE x.scheduled_at <= now()) AS due
+{RUN_ROWS}
+
+-- fragment: RunRows
+-- {RUN_ROWS} of LaneRuns and Leases: the lanes l that have a run, each with
+-- the pending rows x of its run (x.scheduled_at), read per lane through
+-- the key index, from the lane's floor to the run's end.
 FROM {L} l
 CROSS JOIN LATERAL (
     SELECT t.scheduled_at FROM {T} t

@@ -96,15 +96,7 @@ FROM (
     UNION ALL
     -- The rows of lanes' runs (migration 0010), held by the run's worker.
     SELECT l.run_by, count(*), 0, min(l.locked_until), max(l.locked_until)
-    FROM {L} l
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM {T} t
-        WHERE t.topic = l.topic{GL_T} AND t.status = 'pending' AND t.locked_by IS NULL
-          AND (t.partition_key, t.id) >= (l.partition_key, l.floor_id)
-          AND (t.partition_key, t.id) <= (l.partition_key, l.run_end)
-          AND t.scheduled_at <= l.run_at
-    ) x
-    WHERE l.run_by IS NOT NULL{GROUP_L}
+    {RUN_ROWS}
     GROUP BY l.run_by
 ) x
 GROUP BY x.locked_by

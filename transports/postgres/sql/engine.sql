@@ -40,7 +40,14 @@ WITH c AS MATERIALIZED (
     FROM c
     WHERE pg_try_advisory_xact_lock({LANE_LOCK_C})
     LIMIT $3
-), {LOST_RUN}, leased AS (
+), {LOST_RUN}, {LEASE_TAKEN}
+
+-- fragment: LeaseTaken
+-- The end of LeaseLanes and LeaseLane ({LEASE_TAKEN}): the lanes taken are
+-- leased to this worker ($1, for $2), with no run yet (LostRun, before it
+-- in the same statement, dealt with a run a lost lease left), and returned
+-- with their floors.
+leased AS (
     UPDATE {L} l
     SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL, run_at = NULL
     FROM taken c
@@ -301,14 +308,7 @@ WITH taken AS (
       AND c.ready_at <= statement_timestamp()
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
     FOR UPDATE
-), {LOST_RUN}, leased AS (
-    UPDATE {L} l
-    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL, run_at = NULL
-    FROM taken c
-    WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-    RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
-)
-SELECT consumer_group, topic, partition_key, floor_id FROM leased
+), {LOST_RUN}, {LEASE_TAKEN}
 
 -- name: Bookkeeping
 -- Bookkeeping is the first statement of every transaction of the engine
