@@ -50,6 +50,7 @@ var statements = sqlfile.MustParse(sqlFS, "sql")
 //	{LANE_RUNS}     admin, console: the LaneRuns fragment
 //	{LOST_RUN} {LEASE_TAKEN}  engine: the LostRun and LeaseTaken fragments (LeaseLanes, LeaseLane)
 //	{RUN_ROWS}      admin, console: the RunRows fragment (LaneRuns, Leases)
+//	{LOST_ROWS}     engine, admin: the LostRows fragment (LostRun, ReleaseExpiredLanes)
 //	{FILTER}        admin: where a FailedFilter's conditions go, per call
 //	{SCHEMA}        CreateSchema: the table's schema (quoted)
 //	{CHANNEL}       Listen, Unlisten: a table's channel (quoted)
@@ -113,8 +114,10 @@ func (v vocab) pairs() []string {
 		completed = "CompletedNotCounted"
 	}
 	fragments := strings.NewReplacer(kv...)
-	// RunRows goes into LaneRuns, so it is rendered first.
-	kv = append(kv, "{RUN_ROWS}", fragments.Replace(statements.Block("RunRows").SQL))
+	// RunRows goes into LaneRuns and LostRows into LostRun, so they are
+	// rendered first.
+	kv = append(kv, "{RUN_ROWS}", fragments.Replace(statements.Block("RunRows").SQL),
+		"{LOST_ROWS}", fragments.Replace(statements.Block("LostRows").SQL))
 	fragments = strings.NewReplacer(kv...)
 	kv = append(kv,
 		"{COMPLETED}", fragments.Replace(statements.Block(completed).SQL),

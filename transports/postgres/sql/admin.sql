@@ -184,12 +184,7 @@ WITH x AS (
 ), counted AS (
     UPDATE {T} t SET attempts = t.attempts + 1
     FROM x k
-    WHERE k.run_by IS NOT NULL
-      AND t.topic = k.topic{G_TK}
-      AND t.status = 'pending' AND t.locked_by IS NULL
-      AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
-      AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
-      AND t.scheduled_at <= k.run_at
+    {LOST_ROWS}
 )
 UPDATE {L} l SET locked_by = NULL, locked_until = NULL, run_by = NULL, run_end = NULL, run_at = NULL
 FROM x

@@ -80,14 +80,18 @@ lost AS (
     UPDATE {T} t
     SET locked_by = k.run_by, locked_until = COALESCE(k.locked_until, statement_timestamp()), attempts = t.attempts + 1
     FROM taken k
-    WHERE k.run_by IS NOT NULL
-      AND t.topic = k.topic{G_TK}
-      AND t.status = 'pending'
-      AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
-      AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
-      AND t.locked_by IS NULL
-      AND t.scheduled_at <= k.run_at
+    {LOST_ROWS}
 )
+
+-- fragment: LostRows
+-- {LOST_ROWS} of LostRun and ReleaseExpiredLanes: the rows t of the run of
+-- lane k that its lost lease handed out and nobody settled (see LostRun).
+WHERE k.run_by IS NOT NULL
+  AND t.topic = k.topic{G_TK}
+  AND t.status = 'pending' AND t.locked_by IS NULL
+  AND (t.partition_key, t.id) >= (k.partition_key, k.floor_id)
+  AND (t.partition_key, t.id) <= (k.partition_key, k.run_end)
+  AND t.scheduled_at <= k.run_at
 
 -- name: TakeNotes
 -- The first statement of every fetch: it turns the notes writers left (a
