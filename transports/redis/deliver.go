@@ -21,19 +21,47 @@ func (sub *subscription) start(e *entry) {
 
 func (sub *subscription) worker(e *entry) {
 	defer sub.msgs.Done()
+	quit := sub.newQuit()
 	for {
-		sub.handle(e)
+		sub.handle(e, quit)
 		select {
 		case e = <-sub.work:
-		case <-sub.ctx.Done():
+		case <-quit:
 			return
 		}
 	}
 }
 
+// newQuit returns a channel of the calling worker's own that is closed when
+// the subscription stops. Workers wait on it rather than on sub.ctx.Done():
+// a channel that every worker selects on for every message is a lock they
+// all contend for.
+func (sub *subscription) newQuit() chan struct{} {
+	q := make(chan struct{})
+	sub.quitMu.Lock()
+	defer sub.quitMu.Unlock()
+	if sub.quitting {
+		close(q)
+	} else {
+		sub.quits = append(sub.quits, q)
+	}
+	return q
+}
+
+// quit closes the workers' quit channels; it runs once sub.ctx is done.
+func (sub *subscription) quit() {
+	sub.quitMu.Lock()
+	defer sub.quitMu.Unlock()
+	sub.quitting = true
+	for _, q := range sub.quits {
+		close(q)
+	}
+	sub.quits = nil
+}
+
 // handle hands e out until it is acked, dead-lettered, lost to another
 // consumer, or the subscription stops.
-func (sub *subscription) handle(e *entry) {
+func (sub *subscription) handle(e *entry, quit <-chan struct{}) {
 	for {
 		sub.mu.Lock()
 		lost := e.lost
@@ -42,9 +70,11 @@ func (sub *subscription) handle(e *entry) {
 			sub.finish(e, true)
 			return
 		}
-		if sub.ctx.Err() != nil {
+		select {
+		case <-quit:
 			sub.finish(e, false)
 			return
+		default:
 		}
 
 		now := time.Now()
@@ -87,7 +117,7 @@ func (sub *subscription) handle(e *entry) {
 		}
 		select {
 		case sub.out <- msg:
-		case <-sub.ctx.Done():
+		case <-quit:
 			cancel()
 			sub.finish(e, false)
 			return
@@ -108,7 +138,7 @@ func (sub *subscription) handle(e *entry) {
 			if !sub.settle(e, st, ok) {
 				return
 			}
-		case <-sub.ctx.Done():
+		case <-quit:
 			cancel()
 			sub.finish(e, false)
 			return

@@ -51,6 +51,10 @@ type subscription struct {
 	msgs  sync.WaitGroup // workers
 	work  chan *entry    // entries for idle workers
 
+	quitMu   sync.Mutex
+	quits    []chan struct{} // one per worker, closed when the subscription stops
+	quitting bool
+
 	// fence is the lease of a shard subscription (Shards > 1), nil
 	// otherwise; done is closed when a shard subscription has stopped (its
 	// out is its group's, which the group closes).
@@ -116,6 +120,7 @@ func (sub *subscription) run() {
 	}
 	stop := context.AfterFunc(sub.s.closeCtx, sub.cancel)
 	defer stop()
+	context.AfterFunc(sub.ctx, sub.quit)
 	defer sub.cancel()
 
 	go sub.ackLoop()
