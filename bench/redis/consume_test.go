@@ -17,7 +17,8 @@ import (
 // beforehand, through a new consumer group of one subscriber, acking each
 // in a goroutine of its own as Watermill's router does; with each subscriber
 // in turn, default settings, and the floor: one loop of raw XREADGROUP COUNT
-// rawReadCount and one XACK per batch.
+// rawReadCount and one XACK per batch. Each iteration is rounds rounds; the
+// metrics are medians over all rounds.
 func BenchmarkConsume(b *testing.B) {
 	admin := newClient(b)
 	body := payload()
@@ -31,23 +32,23 @@ func BenchmarkConsume(b *testing.B) {
 	// would add them one round trip at a time; seeding is not timed anyway).
 	theirSeeder := pipelinePublisher{admin: admin, marshal: redisstream.DefaultMarshallerUnmarshaller{}}
 
-	var oursRate, theirsRate, rawRate float64
+	var ours, theirs, raw rates
 	b.ResetTimer()
-	for i := range b.N {
+	for i := range b.N * rounds {
 		runs := []struct {
-			rate    *float64
+			rate    *rates
 			name    string
 			seeder  message.Publisher
 			consume func(stream string) time.Duration
 		}{
-			{&oursRate, "omnibus", ourSeeder, func(stream string) time.Duration {
+			{&ours, "omnibus", ourSeeder, func(stream string) time.Duration {
 				s, err := omniredis.NewSubscriber(omniredis.SubscriberConfig{Client: newClient(b), ConsumerGroup: "bench"}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
 				return consumeAndClose(b, "omnibus", s, stream)
 			}},
-			{&theirsRate, "watermill", theirSeeder, func(stream string) time.Duration {
+			{&theirs, "watermill", theirSeeder, func(stream string) time.Duration {
 				s, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 					Client: newClient(b), ConsumerGroup: "bench", Consumer: "bench",
 				}, watermill.NopLogger{})
@@ -56,7 +57,7 @@ func BenchmarkConsume(b *testing.B) {
 				}
 				return consumeAndClose(b, "watermill", s, stream)
 			}},
-			{&rawRate, "raw", ourSeeder, func(stream string) time.Duration {
+			{&raw, "raw", ourSeeder, func(stream string) time.Duration {
 				return consumeRaw(b, admin, stream)
 			}},
 		}
@@ -66,16 +67,11 @@ func BenchmarkConsume(b *testing.B) {
 			stream := streamName(b, admin, "consume-"+r.name)
 			seed(b, r.seeder, stream, body)
 			b.StartTimer()
-			*r.rate += messagesPerOp / r.consume(stream).Seconds()
+			r.rate.add(messagesPerOp / r.consume(stream).Seconds())
 		}
 	}
 	b.StopTimer()
-	n := float64(b.N)
-	b.ReportMetric(oursRate/n, "omnibus-msgs/s")
-	b.ReportMetric(theirsRate/n, "watermill-msgs/s")
-	b.ReportMetric(rawRate/n, "raw-msgs/s")
-	b.ReportMetric(oursRate/theirsRate, "omnibus/watermill-x")
-	b.ReportMetric(100*oursRate/rawRate, "omnibus/raw-%")
+	report(b, ours, theirs, raw)
 }
 
 // consumeAndClose consumes the stream with sub and closes sub, untimed.

@@ -25,7 +25,33 @@ const (
 	rawReadCount = 500
 	// poolSize is the connection pool of every client, ours and theirs.
 	poolSize = 128
+	// rounds is how many times one iteration of BenchmarkPublish and
+	// BenchmarkConsume runs each side. A round is short (about a second),
+	// so one round's ratio swings with whatever else the machine does;
+	// make bench runs one iteration and reports the medians of three.
+	rounds = 3
 )
+
+// rates are one side's msgs/s, one per round.
+type rates []float64
+
+func (r *rates) add(v float64) { *r = append(*r, v) }
+
+// report prints the medians of each side's rates and of the per-round
+// ratios: omnibus/raw-% (issue 26: at least 70) and omnibus/watermill-x.
+func report(b *testing.B, ours, theirs, raw rates) {
+	b.Helper()
+	toRaw, toTheirs := make([]float64, len(ours)), make([]float64, len(ours))
+	for i := range ours {
+		toRaw[i], toTheirs[i] = 100*ours[i]/raw[i], ours[i]/theirs[i]
+	}
+	b.ReportMetric(median(ours), "omnibus-msgs/s")
+	b.ReportMetric(median(theirs), "watermill-msgs/s")
+	b.ReportMetric(median(raw), "raw-msgs/s")
+	b.ReportMetric(median(toTheirs), "omnibus/watermill-x")
+	b.ReportMetric(median(toRaw), "omnibus/raw-%")
+	b.Logf("omnibus/raw-%% per round: %.1f", toRaw)
+}
 
 func redisAddr() string {
 	if a := os.Getenv("OMNIBUS_TEST_REDIS_ADDR"); a != "" {
