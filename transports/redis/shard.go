@@ -99,28 +99,22 @@ func (e *ShardCountError) Is(target error) bool {
 	return target == ErrShardCount || target == bus.ErrInvalidConfig
 }
 
-// shardCounts remembers the topics whose shard count has been checked.
+// shardCounts remembers the streams whose shard count has been checked. It
+// is read on every Publish from many goroutines and written once per
+// stream: a sync.Map reads such keys without a lock (a mutex here was one
+// lock every concurrent Publish call took).
 type shardCounts struct {
-	mu      sync.Mutex
-	checked map[string]bool
+	checked sync.Map // stream → struct{}
 }
 
 func (c *shardCounts) check(ctx context.Context, client redis.UniversalClient, topic, stream string, n int) error {
-	c.mu.Lock()
-	ok := c.checked[stream]
-	c.mu.Unlock()
-	if ok {
+	if _, ok := c.checked.Load(stream); ok {
 		return nil
 	}
 	if err := checkShardCount(ctx, client, topic, stream, n); err != nil {
 		return err
 	}
-	c.mu.Lock()
-	if c.checked == nil {
-		c.checked = make(map[string]bool)
-	}
-	c.checked[stream] = true
-	c.mu.Unlock()
+	c.checked.Store(stream, struct{}{})
 	return nil
 }
 
