@@ -5,6 +5,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
 	"github.com/omnibus-go/omnibus/internal/testenv"
 )
 
@@ -22,15 +23,15 @@ func BenchmarkPublish(b *testing.B) { benchPublish(b, 1, 20000) }
 // acknowledgement; ours sends them together and waits once.
 func BenchmarkPublishBatch(b *testing.B) { benchPublish(b, 50, 100000) }
 
-// benchPublish publishes perOp messages per iteration with each publisher,
-// perCall per Publish call.
+// benchPublish publishes perOp messages per round with each publisher,
+// perCall per Publish call; each metric is the median of rounds.N rounds per
+// iteration.
 func benchPublish(b *testing.B, perCall, perOp int) {
 	brokers := testenv.Kafka(b)
 	body := payload()
 	runs := []struct {
 		pub  message.Publisher
 		name string
-		rate float64
 	}{
 		{pub: newOurPublisher(b, brokers), name: "omnibus"},
 		{pub: newTheirPublisher(b, brokers), name: "watermill"},
@@ -39,26 +40,27 @@ func benchPublish(b *testing.B, perCall, perOp int) {
 		{pub: newFranzPublisher(b, brokers), name: "franz-go"},
 	}
 
+	var m rounds.Medians
 	b.ResetTimer()
-	for i := range b.N {
+	for i := range b.N * rounds.N {
+		rate := map[string]float64{}
 		for j := range runs {
 			r := &runs[(i+j)%len(runs)] // rotate which goes first
 			b.StopTimer()
 			topic := testenv.KafkaTopic(b, brokers, partitions)
 			b.StartTimer()
 			elapsed := publishConcurrently(b, r.pub, topic, perOp, perCall, body)
-			r.rate += float64(perOp) / elapsed.Seconds()
+			rate[r.name] = float64(perOp) / elapsed.Seconds()
 			if n := recordsIn(b, brokers, topic); n != int64(perOp) {
 				b.Fatalf("%s: topic holds %d records, want %d", r.name, n, perOp)
 			}
 		}
+		m.Add("omnibus-msgs/s", rate["omnibus"])
+		m.Add("watermill-msgs/s", rate["watermill"])
+		m.Add("omnibus/watermill-x", rate["omnibus"]/rate["watermill"])
+		m.Add("franz-go-msgs/s", rate["franz-go"])
+		m.Add("franz-go/watermill-x", rate["franz-go"]/rate["watermill"])
 	}
 	b.StopTimer()
-	n := float64(b.N)
-	ours, theirs, franz := runs[0].rate, runs[1].rate, runs[2].rate
-	b.ReportMetric(ours/n, "omnibus-msgs/s")
-	b.ReportMetric(theirs/n, "watermill-msgs/s")
-	b.ReportMetric(ours/theirs, "omnibus/watermill-x")
-	b.ReportMetric(franz/n, "franz-go-msgs/s")
-	b.ReportMetric(franz/theirs, "franz-go/watermill-x")
+	m.Report(b)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
@@ -333,11 +334,12 @@ var errRollback = errors.New("roll back")
 // the relay's start to the last of their events). The hot key is still
 // draining when the other keys are done.
 //
-// Metrics: hot-evt/s, nohot-evt/s, hot/nohot-% (target ≥ 80 %).
+// Metrics: hot-evt/s, nohot-evt/s, hot/nohot-% (target ≥ 80 %), each the
+// median of rounds.N rounds per iteration.
 func BenchmarkHotKeyThroughput(b *testing.B) {
-	var hotSum, baseSum float64
+	var m rounds.Medians
 	others := throughputKeys * throughputPerKey
-	for range b.N {
+	for range b.N * rounds.N {
 		b.StopTimer()
 		tr := &tracer{}
 		pool := pgbench.NewPool(b, 20, tr)
@@ -371,12 +373,12 @@ func BenchmarkHotKeyThroughput(b *testing.B) {
 				b.Log("  " + l)
 			}
 		}
-		hotSum += rate["hot"]
-		baseSum += rate["nohot"]
+		m.Add("hot-evt/s", rate["hot"])
+		m.Add("nohot-evt/s", rate["nohot"])
+		m.Add("hot/nohot-%", 100*rate["hot"]/rate["nohot"])
+		pool.Reset() // a round's connections close with it
 	}
-	b.ReportMetric(hotSum/float64(b.N), "hot-evt/s")
-	b.ReportMetric(baseSum/float64(b.N), "nohot-evt/s")
-	b.ReportMetric(100*hotSum/baseSum, "hot/nohot-%")
+	m.Report(b)
 }
 
 // singleKeyRows is the backlog of BenchmarkSingleKeyDrain.
@@ -390,10 +392,11 @@ const singleKeyRows = 30_000
 // settle and lane reconciliation. Metrics: `run16-evt/s`, `run64-evt/s`, and
 // for RunLength 16 the rate of the first and of the last tenth of the
 // backlog (`run16-first-tenth-evt/s`, `run16-last-tenth-evt/s`): the cost per
-// run must not grow as rows complete.
+// run must not grow as rows complete. Each is the median of rounds.N rounds
+// per iteration.
 func BenchmarkSingleKeyDrain(b *testing.B) {
-	rates, firsts, lasts := map[int]float64{}, map[int]float64{}, map[int]float64{}
-	for range b.N {
+	var m rounds.Medians
+	for range b.N * rounds.N {
 		for _, run := range []int{16, 64} {
 			b.StopTimer()
 			tr := &tracer{}
@@ -426,19 +429,19 @@ func BenchmarkSingleKeyDrain(b *testing.B) {
 			r.stop(b)
 			first := time.Unix(0, marks[0].Load()).Sub(start)
 			last := end.Sub(time.Unix(0, marks[1].Load()))
-			rates[run] += pgbench.PerSecond(singleKeyRows, elapsed)
-			firsts[run] += pgbench.PerSecond(int(tenth), first)
-			lasts[run] += pgbench.PerSecond(int(tenth), last)
+			m.Add(fmt.Sprintf("run%d-evt/s", run), pgbench.PerSecond(singleKeyRows, elapsed))
+			if run == 16 {
+				m.Add("run16-first-tenth-evt/s", pgbench.PerSecond(int(tenth), first))
+				m.Add("run16-last-tenth-evt/s", pgbench.PerSecond(int(tenth), last))
+			}
 			b.Logf("RunLength %d: %d events of one key in %s (%.0f/s); first tenth %.0f/s, last tenth %.0f/s; %s",
 				run, singleKeyRows, elapsed.Round(time.Millisecond), pgbench.PerSecond(singleKeyRows, elapsed),
 				pgbench.PerSecond(int(tenth), first), pgbench.PerSecond(int(tenth), last), pgbench.LoadAvg(3))
 			for _, l := range tr.top(3) {
 				b.Log("  " + l)
 			}
+			pool.Reset() // a run's connections close with it
 		}
 	}
-	b.ReportMetric(rates[16]/float64(b.N), "run16-evt/s")
-	b.ReportMetric(rates[64]/float64(b.N), "run64-evt/s")
-	b.ReportMetric(firsts[16]/float64(b.N), "run16-first-tenth-evt/s")
-	b.ReportMetric(lasts[16]/float64(b.N), "run16-last-tenth-evt/s")
+	m.Report(b)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/omnibus-go/omnibus/bench/internal/pgbench"
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
 	"github.com/omnibus-go/omnibus/transports/postgres"
 )
 
@@ -30,10 +31,11 @@ const (
 // table seeded with the same rows.
 //
 // Metrics: relay-evt/s, floor-evt/s and relay/floor-% (issue 26: ≥ 100 %),
-// and the Go side's allocations per event (relay-allocs/evt, relay-alloc-B/evt).
+// and the Go side's allocations per event (relay-allocs/evt, relay-alloc-B/evt):
+// each the median of rounds.N rounds per iteration.
 func BenchmarkRelayDrain(b *testing.B) {
-	var relaySum, floorSum, allocSum, allocBytesSum float64
-	for range b.N {
+	var m rounds.Medians
+	for range b.N * rounds.N {
 		b.StopTimer()
 		tr := &tracer{}
 		pool := pgbench.NewPool(b, 20, tr)
@@ -68,8 +70,6 @@ func BenchmarkRelayDrain(b *testing.B) {
 		r.stop(b)
 		allocs := float64(after.Mallocs-before.Mallocs) / drainRows
 		allocBytes := float64(after.TotalAlloc-before.TotalAlloc) / drainRows
-		allocSum += allocs
-		allocBytesSum += allocBytes
 		if n := pgbench.Count(b, pool, `SELECT count(*) FROM `+relayT.Quoted+` WHERE status <> 'completed'`); n != 0 {
 			b.Fatalf("relay left %d rows not completed after delivering %d", n, drainRows)
 		}
@@ -82,16 +82,16 @@ func BenchmarkRelayDrain(b *testing.B) {
 		for _, l := range tr.top(4) {
 			b.Log("  " + l)
 		}
-		relaySum += relay
-		floorSum += floor
+		m.Add("relay-evt/s", relay)
+		m.Add("floor-evt/s", floor)
+		m.Add("relay/floor-%", 100*relay/floor)
+		// The Go side's cost: allocations of this process (relay, router,
+		// sink) per delivered event while the relay drains.
+		m.Add("relay-allocs/evt", allocs)
+		m.Add("relay-alloc-B/evt", allocBytes)
+		pool.Reset() // a round's connections close with it: three rounds' pools would hold 60
 	}
-	b.ReportMetric(relaySum/float64(b.N), "relay-evt/s")
-	b.ReportMetric(floorSum/float64(b.N), "floor-evt/s")
-	b.ReportMetric(100*relaySum/floorSum, "relay/floor-%")
-	// The Go side's cost: allocations of this process (relay, router, sink)
-	// per delivered event while the relay drains.
-	b.ReportMetric(allocSum/float64(b.N), "relay-allocs/evt")
-	b.ReportMetric(allocBytesSum/float64(b.N), "relay-alloc-B/evt")
+	m.Report(b)
 }
 
 // floorDrain is the raw-SQL floor: the least a relay must do per batch.

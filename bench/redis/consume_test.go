@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
 
@@ -17,8 +18,8 @@ import (
 // beforehand, through a new consumer group of one subscriber, acking each
 // in a goroutine of its own as Watermill's router does; with each subscriber
 // in turn, default settings, and the floor: one loop of raw XREADGROUP COUNT
-// rawReadCount and one XACK per batch. Each iteration is rounds rounds; the
-// metrics are medians over all rounds.
+// rawReadCount and one XACK per batch. Each metric is the median of rounds.N
+// rounds per iteration.
 func BenchmarkConsume(b *testing.B) {
 	admin := newClient(b)
 	body := payload()
@@ -32,23 +33,22 @@ func BenchmarkConsume(b *testing.B) {
 	// would add them one round trip at a time; seeding is not timed anyway).
 	theirSeeder := pipelinePublisher{admin: admin, marshal: redisstream.DefaultMarshallerUnmarshaller{}}
 
-	var ours, theirs, raw rates
+	var m rounds.Medians
 	b.ResetTimer()
-	for i := range b.N * rounds {
+	for i := range b.N * rounds.N {
 		runs := []struct {
-			rate    *rates
 			name    string
 			seeder  message.Publisher
 			consume func(stream string) time.Duration
 		}{
-			{&ours, "omnibus", ourSeeder, func(stream string) time.Duration {
+			{"omnibus", ourSeeder, func(stream string) time.Duration {
 				s, err := omniredis.NewSubscriber(omniredis.SubscriberConfig{Client: newClient(b), ConsumerGroup: "bench"}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
 				return consumeAndClose(b, "omnibus", s, stream)
 			}},
-			{&theirs, "watermill", theirSeeder, func(stream string) time.Duration {
+			{"watermill", theirSeeder, func(stream string) time.Duration {
 				s, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 					Client: newClient(b), ConsumerGroup: "bench", Consumer: "bench",
 				}, watermill.NopLogger{})
@@ -57,21 +57,23 @@ func BenchmarkConsume(b *testing.B) {
 				}
 				return consumeAndClose(b, "watermill", s, stream)
 			}},
-			{&raw, "raw", ourSeeder, func(stream string) time.Duration {
+			{"raw", ourSeeder, func(stream string) time.Duration {
 				return consumeRaw(b, admin, stream)
 			}},
 		}
+		rate := map[string]float64{}
 		for j := range runs {
 			r := runs[(i+j)%len(runs)] // rotate which goes first
 			b.StopTimer()
 			stream := streamName(b, admin, "consume-"+r.name)
 			seed(b, r.seeder, stream, body)
 			b.StartTimer()
-			r.rate.add(messagesPerOp / r.consume(stream).Seconds())
+			rate[r.name] = messagesPerOp / r.consume(stream).Seconds()
 		}
+		addRound(&m, rate)
 	}
 	b.StopTimer()
-	report(b, ours, theirs, raw)
+	m.Report(b)
 }
 
 // consumeAndClose consumes the stream with sub and closes sub, untimed.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
 )
 
 const (
@@ -25,32 +27,17 @@ const (
 	rawReadCount = 500
 	// poolSize is the connection pool of every client, ours and theirs.
 	poolSize = 128
-	// rounds is how many times one iteration of BenchmarkPublish and
-	// BenchmarkConsume runs each side. A round is short (about a second),
-	// so one round's ratio swings with whatever else the machine does;
-	// make bench runs one iteration and reports the medians of three.
-	rounds = 3
 )
 
-// rates are one side's msgs/s, one per round.
-type rates []float64
-
-func (r *rates) add(v float64) { *r = append(*r, v) }
-
-// report prints the medians of each side's rates and of the per-round
-// ratios: omnibus/raw-% (issue 26: at least 70) and omnibus/watermill-x.
-func report(b *testing.B, ours, theirs, raw rates) {
-	b.Helper()
-	toRaw, toTheirs := make([]float64, len(ours)), make([]float64, len(ours))
-	for i := range ours {
-		toRaw[i], toTheirs[i] = 100*ours[i]/raw[i], ours[i]/theirs[i]
-	}
-	b.ReportMetric(median(ours), "omnibus-msgs/s")
-	b.ReportMetric(median(theirs), "watermill-msgs/s")
-	b.ReportMetric(median(raw), "raw-msgs/s")
-	b.ReportMetric(median(toTheirs), "omnibus/watermill-x")
-	b.ReportMetric(median(toRaw), "omnibus/raw-%")
-	b.Logf("omnibus/raw-%% per round: %.1f", toRaw)
+// addRound records one round's rates (msgs/s of "omnibus", "watermill" and
+// "raw") and its ratios: omnibus/raw-% (issue 26: at least 70) and
+// omnibus/watermill-x.
+func addRound(m *rounds.Medians, rate map[string]float64) {
+	m.Add("omnibus-msgs/s", rate["omnibus"])
+	m.Add("watermill-msgs/s", rate["watermill"])
+	m.Add("raw-msgs/s", rate["raw"])
+	m.Add("omnibus/watermill-x", rate["omnibus"]/rate["watermill"])
+	m.Add("omnibus/raw-%", 100*rate["omnibus"]/rate["raw"])
 }
 
 func redisAddr() string {

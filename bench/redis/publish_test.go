@@ -12,13 +12,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
+
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
 
 // BenchmarkPublish publishes messagesPerOp messages of payloadBytes from 64
 // goroutines, one message per Publish call, with each publisher in turn, and
 // the floor: one loop of raw go-redis pipelines of rawPipeline XADDs. Each
-// iteration is rounds rounds; the metrics are medians over all rounds.
+// metric is the median of rounds.N rounds per iteration.
 func BenchmarkPublish(b *testing.B) {
 	admin := newClient(b)
 	body := payload()
@@ -36,30 +38,31 @@ func BenchmarkPublish(b *testing.B) {
 
 	floor := newClient(b)
 
-	var ourRates, theirRates, rawRates rates
+	var m rounds.Medians
 	b.ResetTimer()
-	for i := range b.N * rounds {
+	for i := range b.N * rounds.N {
 		runs := []struct {
-			rate    *rates
 			publish func(stream string) time.Duration
 			name    string
 		}{
-			{&ourRates, func(s string) time.Duration { return publishConcurrently(b, ours, s, body) }, "omnibus"},
-			{&theirRates, func(s string) time.Duration { return publishConcurrently(b, theirs, s, body) }, "watermill"},
-			{&rawRates, func(s string) time.Duration { return publishRaw(b, floor, s, body) }, "raw"},
+			{func(s string) time.Duration { return publishConcurrently(b, ours, s, body) }, "omnibus"},
+			{func(s string) time.Duration { return publishConcurrently(b, theirs, s, body) }, "watermill"},
+			{func(s string) time.Duration { return publishRaw(b, floor, s, body) }, "raw"},
 		}
+		rate := map[string]float64{}
 		for j := range runs {
 			r := runs[(i+j)%len(runs)] // rotate which goes first
 			stream := streamName(b, admin, "publish-"+r.name)
 			elapsed := r.publish(stream)
-			r.rate.add(messagesPerOp / elapsed.Seconds())
+			rate[r.name] = messagesPerOp / elapsed.Seconds()
 			if n := admin.XLen(b.Context(), stream).Val(); n != messagesPerOp {
 				b.Fatalf("%s: stream holds %d entries, want %d", r.name, n, messagesPerOp)
 			}
 		}
+		addRound(&m, rate)
 	}
 	b.StopTimer()
-	report(b, ourRates, theirRates, rawRates)
+	m.Report(b)
 }
 
 // publishRaw is the floor: one loop of go-redis pipelines of rawPipeline

@@ -3,7 +3,6 @@ package redisbench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/omnibus-go/omnibus/bench/internal/rounds"
 	"github.com/omnibus-go/omnibus/bus"
 	omniredis "github.com/omnibus-go/omnibus/transports/redis"
 )
@@ -131,15 +131,9 @@ func BenchmarkShardingCost(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(median(sharded), "sharded-msgs/s")
-	b.ReportMetric(median(single), "single-msgs/s")
-	b.ReportMetric(100*median(sharded)/median(single), "sharded/single-%")
-}
-
-func median(xs []float64) float64 {
-	xs = slices.Clone(xs)
-	slices.Sort(xs)
-	return xs[len(xs)/2]
+	b.ReportMetric(rounds.Median(sharded), "sharded-msgs/s")
+	b.ReportMetric(rounds.Median(single), "single-msgs/s")
+	b.ReportMetric(100*rounds.Median(sharded)/rounds.Median(single), "sharded/single-%")
 }
 
 // BenchmarkShardTakeover is the time from a consumer's death (its client
