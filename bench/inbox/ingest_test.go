@@ -110,6 +110,7 @@ func BenchmarkInboxIngest(b *testing.B) {
 		m.Add("ingest-msg/s", ingest)
 		m.Add("floor-msg/s", floor)
 		m.Add("ingest/floor-%", 100*ingest/floor)
+		pgbench.Drop(b, pool, floorA, floorB, ingestT)
 		pool.Reset() // a round's connections close with it
 	}
 	m.Report(b)

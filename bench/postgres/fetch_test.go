@@ -376,6 +376,7 @@ func BenchmarkHotKeyThroughput(b *testing.B) {
 		m.Add("hot-evt/s", rate["hot"])
 		m.Add("nohot-evt/s", rate["nohot"])
 		m.Add("hot/nohot-%", 100*rate["hot"]/rate["nohot"])
+		pgbench.Drop(b, pool, base, hot)
 		pool.Reset() // a round's connections close with it
 	}
 	m.Report(b)
@@ -440,6 +441,7 @@ func BenchmarkSingleKeyDrain(b *testing.B) {
 			for _, l := range tr.top(3) {
 				b.Log("  " + l)
 			}
+			pgbench.Drop(b, pool, t)
 			pool.Reset() // a run's connections close with it
 		}
 	}

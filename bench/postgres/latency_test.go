@@ -182,6 +182,7 @@ func BenchmarkNotifyLatency(b *testing.B) {
 		m.Add("written-evt/s", pgbench.PerSecond(total, writeTime))
 		// A round's connections close with it: three rounds' pools would
 		// hold more than the server's 100.
+		pgbench.Drop(b, relayPool, t)
 		relayPool.Reset()
 		writerPool.Reset()
 		b.Logf("%d events written in %s (%.0f/s); commit to delivery: p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms",

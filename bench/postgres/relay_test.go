@@ -89,6 +89,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 		// sink) per delivered event while the relay drains.
 		m.Add("relay-allocs/evt", allocs)
 		m.Add("relay-alloc-B/evt", allocBytes)
+		pgbench.Drop(b, pool, relayT, floorT)
 		pool.Reset() // a round's connections close with it: three rounds' pools would hold 60
 	}
 	m.Report(b)

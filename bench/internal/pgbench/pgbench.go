@@ -74,26 +74,36 @@ func NewPartitionedTable(b *testing.B, pool *pgxpool.Pool, kind postgres.Kind, s
 		Lanes:  pgx.Identifier{name + "_lanes"}.Sanitize(),
 		Notes:  pgx.Identifier{name + "_notes"}.Sanitize(),
 	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
+	b.Cleanup(func() { Drop(b, pool, t) })
+	return t
+}
+
+// Drop drops each table, its lanes, notes and dedup tables, its functions and
+// its row in omnibus_schema_migrations. NewTable's cleanup does it when the
+// benchmark ends; a benchmark of several rounds calls it at the end of each,
+// so that a round does not run beside the leftovers of the ones before it
+// (their vacuum, their share of the cache). Dropping twice is harmless.
+func Drop(b *testing.B, pool *pgxpool.Pool, ts ...Table) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, t := range ts {
 		_, err := pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s CASCADE`, t.Quoted, t.Lanes, t.Notes,
-			pgx.Identifier{name + "_dedup"}.Sanitize()))
+			pgx.Identifier{t.Name + "_dedup"}.Sanitize()))
 		if err == nil {
 			var fns []string
 			for _, suffix := range []string{"_lane_fn", "_notify_fn", "_lane_lock_fn", "_dedup_fn", "_interval_fn", "_created_fn"} {
-				fns = append(fns, pgx.Identifier{name + suffix}.Sanitize())
+				fns = append(fns, pgx.Identifier{t.Name + suffix}.Sanitize())
 			}
 			_, err = pool.Exec(ctx, `DROP FUNCTION IF EXISTS `+strings.Join(fns, ", ")+` CASCADE`)
 		}
 		if err == nil {
-			_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1`, name)
+			_, err = pool.Exec(ctx, `DELETE FROM omnibus_schema_migrations WHERE table_name = $1`, t.Name)
 		}
 		if err != nil {
-			b.Logf("drop %s: %v", name, err)
+			b.Logf("drop %s: %v", t.Name, err)
 		}
-	})
-	return t
+	}
 }
 
 // Vacuum makes the lanes the seeded rows' writers asked for (their notes),
