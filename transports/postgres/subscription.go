@@ -2,7 +2,7 @@ package postgres
 
 import (
 	"context"
-	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -438,7 +438,7 @@ func (s *Subscriber) newMessage(ctx context.Context, r row) *message.Message {
 		DeliveredAt:      now,
 		Source:           s.cfg.Table,
 		Topic:            r.topic,
-		ID:               fmt.Sprint(r.id),
+		ID:               strconv.FormatInt(r.id, 10),
 	}))
 	return msg
 }
