@@ -15,7 +15,13 @@ import (
 // metadata with json.Unmarshal was a tenth of the relay's CPU in its process
 // (BenchmarkRelayDrain).
 func decodeMetadata(b []byte) (map[string]string, error) {
-	if m, ok := decodePlainObject(b); ok {
+	return decodeMetadataWith(b, nil)
+}
+
+// decodeMetadataWith is decodeMetadata making its plain strings with c (nil:
+// a new string each).
+func decodeMetadataWith(b []byte, c textCache) (map[string]string, error) {
+	if m, ok := decodePlainObject(b, c); ok {
 		return m, nil
 	}
 	var m map[string]string
@@ -26,7 +32,7 @@ func decodeMetadata(b []byte) (map[string]string, error) {
 // decodePlainObject reads b when it is a JSON object whose keys and values
 // are all strings without escapes or control characters; ok is false for
 // anything else.
-func decodePlainObject(b []byte) (m map[string]string, ok bool) {
+func decodePlainObject(b []byte, c textCache) (m map[string]string, ok bool) {
 	i := skipJSONSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, false
@@ -49,7 +55,7 @@ func decodePlainObject(b []byte) (m map[string]string, ok bool) {
 		if !ok {
 			return nil, false
 		}
-		m[k] = v // a repeated key: the last one wins, as in encoding/json
+		m[c.of(k)] = c.of(v) // a repeated key: the last one wins, as in encoding/json
 		i = skipJSONSpace(b, j)
 		if i >= len(b) {
 			return nil, false
@@ -68,9 +74,9 @@ func decodePlainObject(b []byte) (m map[string]string, ok bool) {
 // plainJSONString reads the JSON string that starts at b[i] and returns it
 // and the index after it; ok is false unless it is a string without
 // escapes, without control characters, of valid UTF-8.
-func plainJSONString(b []byte, i int) (s string, next int, ok bool) {
+func plainJSONString(b []byte, i int) (s []byte, next int, ok bool) {
 	if i >= len(b) || b[i] != '"' {
-		return "", 0, false
+		return nil, 0, false
 	}
 	ascii := true
 	for j := i + 1; j < len(b); j++ {
@@ -78,16 +84,37 @@ func plainJSONString(b []byte, i int) (s string, next int, ok bool) {
 		case c == '"':
 			raw := b[i+1 : j]
 			if !ascii && !utf8.Valid(raw) {
-				return "", 0, false
+				return nil, 0, false
 			}
-			return string(raw), j + 1, true
+			return raw, j + 1, true
 		case c == '\\' || c < 0x20:
-			return "", 0, false
+			return nil, 0, false
 		case c >= utf8.RuneSelf:
 			ascii = false
 		}
 	}
-	return "", 0, false
+	return nil, 0, false
+}
+
+// textCache makes strings of bytes, giving the same string again for bytes
+// it made one of before: the metadata of a fetch's rows repeat their names
+// and, within a run, their values (a partition key). Nil makes a new string
+// each time.
+type textCache map[string]string
+
+// maxCachedTexts bounds a textCache: values that do not repeat (a trace id)
+// fill it once and are then made as they come.
+const maxCachedTexts = 256
+
+func (c textCache) of(b []byte) string {
+	if s, ok := c[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if c != nil && len(c) < maxCachedTexts {
+		c[s] = s
+	}
+	return s
 }
 
 func skipJSONSpace(b []byte, i int) int {

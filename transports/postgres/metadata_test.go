@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,12 +54,12 @@ func TestDecodeMetadata_ReadsWhatPostgreSQLPrintsWithoutEncodingJSON(t *testing.
 		{`{"event_type": "order.created", "partition_key": "order-1"}`, map[string]string{"event_type": "order.created", "partition_key": "order-1"}},
 		{`{"k": "ä ✓"}`, map[string]string{"k": "ä ✓"}},
 	} {
-		m, ok := decodePlainObject([]byte(tc.in))
+		m, ok := decodePlainObject([]byte(tc.in), textCache{})
 		require.True(t, ok, "%s is read without encoding/json", tc.in)
 		assert.Equal(t, tc.want, m, tc.in)
 	}
 	for _, in := range []string{`{"k": "a\"b"}`, `{"k": 1}`, `null`, "{\"k\": \"\xff\"}", `{"k": "v"} x`} {
-		_, ok := decodePlainObject([]byte(in))
+		_, ok := decodePlainObject([]byte(in), nil)
 		assert.False(t, ok, "%s goes to encoding/json", in)
 	}
 	m, err := decodeMetadata([]byte(`{"k": "a\"b", "n": "x"}`))
@@ -65,4 +67,27 @@ func TestDecodeMetadata_ReadsWhatPostgreSQLPrintsWithoutEncodingJSON(t *testing.
 	assert.Equal(t, map[string]string{"k": `a"b`, "n": "x"}, m, "an escape is decoded by encoding/json")
 	_, err = decodeMetadata([]byte(`{"k": 1}`))
 	assert.Error(t, err, "a value that is not a string is an error, as from encoding/json")
+}
+
+// The metadata of a fetch's rows is decoded from the driver's buffer, which
+// the next row overwrites: the strings must be copies, made once per text
+// while the cache has room.
+func TestDecodeMetadataWith_CopiesAndSharesTexts(t *testing.T) {
+	c := textCache{}
+	buf := []byte(`{"partition_key": "order-1"}`)
+	first, err := decodeMetadataWith(buf, c)
+	require.NoError(t, err)
+	copy(buf, `{"partition_key": "order-2"}`)
+	second, err := decodeMetadataWith(buf, c)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"partition_key": "order-1"}, first, "the first row's metadata changed with the buffer")
+	assert.Equal(t, map[string]string{"partition_key": "order-2"}, second)
+	third, err := decodeMetadataWith([]byte(`{"partition_key": "order-2"}`), c)
+	require.NoError(t, err)
+	assert.Same(t, unsafe.StringData(second["partition_key"]), unsafe.StringData(third["partition_key"]), "a repeated value is one string")
+
+	for i := range 2 * maxCachedTexts {
+		c.of([]byte(strconv.Itoa(i)))
+	}
+	assert.Len(t, c, maxCachedTexts, "the cache is bounded")
 }
