@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -365,7 +364,8 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 		r.payload = []byte{}
 	}
 	r.maxAttempts = int32(in.cfg.MaxAttempts)
-	meta := make(map[string]string, len(msg.Metadata)+1)
+	var buf [8]metaPair
+	meta := metaPairs(buf[:0])
 	for k, v := range msg.Metadata {
 		if k == MetaMaxAttempts {
 			a, err := strconv.Atoi(v)
@@ -381,13 +381,13 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 		if why := badText(v); why != "" {
 			return r, bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
 		}
-		meta[k] = v
+		meta = append(meta, metaPair{k, v})
 	}
 	// The dispatched message's UUID is the stored event_id column; when the
 	// UUID is not a UUID that column is NULL, so keep the id in the metadata
 	// for bus.EventID on the other side.
-	if r.eventID == nil && meta[bus.KeyEventID] == "" {
-		meta[bus.KeyEventID] = r.messageID
+	if r.eventID == nil && meta.get(bus.KeyEventID) == "" {
+		meta = meta.set(bus.KeyEventID, r.messageID)
 	}
 	if k := bus.PartitionKey(msg); k != "" {
 		r.key = &k
@@ -395,10 +395,7 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 	if t := bus.EventType(msg); t != "" {
 		r.eventType = &t
 	}
-	var err error
-	if r.metadata, err = json.Marshal(meta); err != nil {
-		return r, bad("Metadata", err.Error())
-	}
+	r.metadata = meta.json()
 	if len(r.metadata) > in.cfg.MaxMetadataBytes {
 		return r, bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(r.metadata), in.cfg.MaxMetadataBytes))
 	}

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -198,6 +197,11 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 	}
 	ids, keys, types, payloads, metas, attempts, schedules := r.ids, r.keys, r.types, r.payloads, r.metas, r.attempts, r.schedules
 	now := time.Now()
+	// The caller's span, if any, becomes the parent of the relay's.
+	var trace message.Metadata
+	if t := (message.Metadata{}); bus.InjectTraceContext(ctx, t) {
+		trace = t
+	}
 	for i, msg := range msgs {
 		if msg == nil {
 			return nil, fmt.Errorf("enqueue: message %d is nil", i)
@@ -221,7 +225,8 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 		if payloads[i] == nil {
 			payloads[i] = []byte{}
 		}
-		meta := make(map[string]string, len(msg.Metadata))
+		var buf [8]metaPair
+		meta := metaPairs(buf[:0])
 		attempts[i] = int32(o.cfg.MaxAttempts)
 		for k, v := range msg.Metadata {
 			switch k {
@@ -244,7 +249,7 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 				if why := badText(v); why != "" {
 					return nil, bad(k, why)
 				}
-				meta[k] = v
+				meta = append(meta, metaPair{k, v})
 			default:
 				if why := badText(k); why != "" {
 					return nil, bad("Metadata", fmt.Sprintf("key %q: %s", k, why))
@@ -252,21 +257,22 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 				if why := badText(v); why != "" {
 					return nil, bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
 				}
-				meta[k] = v
+				meta = append(meta, metaPair{k, v})
 			}
 		}
-		// The caller's span, if any, becomes the parent of the relay's.
-		bus.InjectTraceContext(ctx, meta)
+		if trace != nil {
+			meta = meta.remove(bus.KeyTraceparent).remove(bus.KeyTracestate)
+			for k, v := range trace {
+				meta = meta.set(k, v)
+			}
+		}
 		if k := bus.PartitionKey(msg); k != "" {
 			keys[i] = &k
 		}
 		if t := bus.EventType(msg); t != "" {
 			types[i] = &t
 		}
-		metas[i], err = json.Marshal(meta)
-		if err != nil {
-			return nil, bad("Metadata", err.Error())
-		}
+		metas[i] = meta.json()
 		if len(metas[i]) > o.cfg.MaxMetadataBytes {
 			return nil, bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(metas[i]), o.cfg.MaxMetadataBytes))
 		}
