@@ -143,7 +143,8 @@ func (in *Inbox) StoreWith(ctx context.Context, db DB, opts StoreOptions, msgs .
 		if msgs[i] == nil {
 			return inboxRow{}, false, nil
 		}
-		r, err := in.prepare(msgs[i], opts.Topic)
+		var r inboxRow
+		err := in.prepare(&r, msgs[i], opts.Topic)
 		return r, true, err
 	})
 }
@@ -167,11 +168,11 @@ func (in *Inbox) CheckMessage(msg *message.Message, topic string) (*Checked, err
 	if msg == nil {
 		return nil, errors.New("check: message is nil")
 	}
-	r, err := in.prepare(msg, topic)
-	if err != nil {
+	c := &Checked{in: in, msg: msg, topic: topic}
+	if err := in.prepare(&c.row, msg, topic); err != nil {
 		return nil, err
 	}
-	return &Checked{in: in, msg: msg, topic: topic, row: r}, nil
+	return c, nil
 }
 
 // StoreChecked is StoreWith for messages CheckMessage accepted. Each message
@@ -186,7 +187,8 @@ func (in *Inbox) StoreChecked(ctx context.Context, db DB, opts StoreOptions, msg
 		case c.in == in:
 			return c.row, true, nil
 		default:
-			r, err := in.prepare(c.msg, c.topic)
+			var r inboxRow
+			err := in.prepare(&r, c.msg, c.topic)
 			return r, true, err
 		}
 	})
@@ -329,35 +331,36 @@ func SourceTopic(msg *message.Message) string {
 	return d.Source
 }
 
-func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
+// prepare checks msg and makes it ready for the insert, in r.
+func (in *Inbox) prepare(r *inboxRow, msg *message.Message, topic string) error {
 	bad := func(field, why string) error {
 		return &InvalidMessageError{UUID: msg.UUID, Field: field, Why: why}
 	}
-	r := inboxRow{uuid: msg.UUID, messageID: bus.EventID(msg)}
+	*r = inboxRow{uuid: msg.UUID, messageID: bus.EventID(msg)}
 	switch {
 	case r.messageID == "":
-		return r, bad("event id", "empty (neither event_id metadata nor a UUID)")
+		return bad("event id", "empty (neither event_id metadata nor a UUID)")
 	case len(r.messageID) > MaxMessageIDBytes:
-		return r, bad("event id", fmt.Sprintf("%d bytes is over the limit of %d", len(r.messageID), MaxMessageIDBytes))
+		return bad("event id", overLimit("", len(r.messageID), MaxMessageIDBytes))
 	}
 	if why := badText(r.messageID); why != "" {
-		return r, bad("event id", why)
+		return bad("event id", why)
 	}
 	if topic == "" {
 		topic = SourceTopic(msg)
 	}
 	if topic == "" {
-		return r, bad("topic", "no source topic: the message carries no bus.Delivery; name the topic with StoreWith")
+		return bad("topic", "no source topic: the message carries no bus.Delivery; name the topic with StoreWith")
 	}
 	if why := badText(topic); why != "" {
-		return r, bad("topic", why)
+		return bad("topic", why)
 	}
 	r.topic = topic
 	if id, err := uuid.Parse(msg.UUID); err == nil {
 		r.eventID = &id
 	}
 	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
-		return r, bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), in.cfg.MaxPayloadBytes))
+		return bad("Payload", overLimit("", len(msg.Payload), in.cfg.MaxPayloadBytes))
 	}
 	r.payload = msg.Payload
 	if r.payload == nil {
@@ -370,16 +373,16 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 		if k == MetaMaxAttempts {
 			a, err := strconv.Atoi(v)
 			if err != nil || a < 1 || a > bus.MaxAttemptsLimit {
-				return r, bad(MetaMaxAttempts, fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit))
+				return bad(MetaMaxAttempts, wantAttempts())
 			}
 			r.maxAttempts = int32(a)
 			continue
 		}
 		if why := badText(k); why != "" {
-			return r, bad("Metadata", fmt.Sprintf("key %q: %s", k, why))
+			return bad("Metadata", aboutKey("key %q: %s", k, why))
 		}
 		if why := badText(v); why != "" {
-			return r, bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
+			return bad("Metadata", aboutKey("value of %q: %s", k, why))
 		}
 		meta = append(meta, metaPair{k, v})
 	}
@@ -397,10 +400,29 @@ func (in *Inbox) prepare(msg *message.Message, topic string) (inboxRow, error) {
 	}
 	r.metadata = meta.json()
 	if len(r.metadata) > in.cfg.MaxMetadataBytes {
-		return r, bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(r.metadata), in.cfg.MaxMetadataBytes))
+		return bad("Metadata", overLimit(" of JSON", len(r.metadata), in.cfg.MaxMetadataBytes))
 	}
-	return r, nil
+	return nil
 }
+
+// overLimit, wantAttempts and aboutKey word prepare's refusals. They are
+// functions of their own so that prepare's frame holds no arguments of
+// fmt.Sprintf: prepare runs on the goroutine the Watermill router starts
+// for each message, and a larger frame made that goroutine grow its stack
+// (a copy of it) for most messages.
+//
+//go:noinline
+func overLimit(what string, n, limit int) string {
+	return fmt.Sprintf("%d bytes%s is over the limit of %d", n, what, limit)
+}
+
+//go:noinline
+func wantAttempts() string {
+	return fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit)
+}
+
+//go:noinline
+func aboutKey(format, k, why string) string { return fmt.Sprintf(format, k, why) }
 
 // badText says why s cannot be stored as PostgreSQL text (or inside jsonb),
 // or "" when it can.
