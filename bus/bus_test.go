@@ -90,6 +90,36 @@ func TestDeliveryAndSettlementTravelInTheContext(t *testing.T) {
 	assert.Equal(t, "down", st.Error)
 }
 
+// The delivery's context is its parent's in everything but the delivery:
+// values, cancellation (derived contexts end with it), deadline; and it costs
+// one allocation. (Not parallel: testing.AllocsPerRun refuses.)
+func TestWithDelivery_KeepsTheParentsValuesAndCancellation(t *testing.T) {
+	type key struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	ctx := WithDelivery(parent, Delivery{ID: "3/7"})
+	assert.Equal(t, "v", ctx.Value(key{}), "a value of the parent")
+	child, stop := context.WithTimeout(ctx, time.Hour)
+	defer stop()
+	d, ok := DeliveryFromContext(child)
+	require.True(t, ok)
+	assert.Equal(t, "3/7", d.ID)
+	cancel()
+	select {
+	case <-child.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a context derived from the delivery's did not end when the delivery's parent was cancelled")
+	}
+	assert.ErrorIs(t, ctx.Err(), context.Canceled)
+	assert.ErrorIs(t, child.Err(), context.Canceled)
+	assert.Contains(t, fmt.Sprint(ctx), "WithDelivery(3/7)")
+
+	base := context.Background()
+	var kept context.Context
+	allocs := testing.AllocsPerRun(100, func() { kept = WithDelivery(base, Delivery{ID: "1/1"}) })
+	_ = kept
+	assert.Equal(t, 1.0, allocs, "allocations per WithDelivery")
+}
+
 func TestSlogAdapters(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer

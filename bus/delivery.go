@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -67,9 +68,28 @@ type deliveryState struct {
 }
 
 // WithDelivery returns a context carrying d and an empty settlement slot.
-// Subscribers call it for each message they emit.
+// Subscribers call it for each message they emit; it makes one allocation.
 func WithDelivery(ctx context.Context, d Delivery) context.Context {
-	return context.WithValue(ctx, deliveryKey{}, &deliveryState{d: d})
+	return &deliveryCtx{Context: ctx, st: deliveryState{d: d}}
+}
+
+// deliveryCtx is a context carrying a delivery's state: one allocation per
+// message, where context.WithValue of a *deliveryState makes two. Everything
+// but the delivery's key is its parent's.
+type deliveryCtx struct {
+	context.Context
+	st deliveryState
+}
+
+func (c *deliveryCtx) Value(key any) any {
+	if _, ok := key.(deliveryKey); ok {
+		return &c.st
+	}
+	return c.Context.Value(key)
+}
+
+func (c *deliveryCtx) String() string {
+	return fmt.Sprintf("%v.WithDelivery(%s)", c.Context, c.st.d.ID)
 }
 
 // DeliveryFromContext returns the Delivery carried by ctx.
