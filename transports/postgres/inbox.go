@@ -405,11 +405,11 @@ func (in *Inbox) prepare(r *inboxRow, msg *message.Message, topic string) error 
 	return nil
 }
 
-// overLimit, wantAttempts and aboutKey word prepare's refusals. They are
-// functions of their own so that prepare's frame holds no arguments of
-// fmt.Sprintf: prepare runs on the goroutine the Watermill router starts
-// for each message, and a larger frame made that goroutine grow its stack
-// (a copy of it) for most messages.
+// overLimit, wantAttempts and aboutKey word the writers' refusals (the
+// inbox's prepare, the outbox's rows). They are functions of their own so
+// that prepare's frame holds no arguments of fmt.Sprintf: prepare runs on
+// the goroutine the Watermill router starts for each message, and a larger
+// frame made that goroutine grow its stack (a copy of it) for most messages.
 //
 //go:noinline
 func overLimit(what string, n, limit int) string {

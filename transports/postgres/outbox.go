@@ -219,7 +219,7 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 			return nil, fmt.Errorf("enqueue to %q: %w", o.cfg.Table, &InvalidMessageError{UUID: msg.UUID, Field: "topic", Why: terr.Error(), Err: terr})
 		}
 		if len(msg.Payload) > o.cfg.MaxPayloadBytes {
-			return nil, bad("Payload", fmt.Sprintf("%d bytes is over the limit of %d", len(msg.Payload), o.cfg.MaxPayloadBytes))
+			return nil, bad("Payload", overLimit("", len(msg.Payload), o.cfg.MaxPayloadBytes))
 		}
 		payloads[i] = msg.Payload
 		if payloads[i] == nil {
@@ -242,7 +242,7 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 			case MetaMaxAttempts:
 				a, err := strconv.Atoi(v)
 				if err != nil || a < 1 || a > bus.MaxAttemptsLimit {
-					return nil, bad(MetaMaxAttempts, fmt.Sprintf("want a whole number from 1 to %d", bus.MaxAttemptsLimit))
+					return nil, bad(MetaMaxAttempts, wantAttempts())
 				}
 				attempts[i] = int32(a)
 			case bus.KeyPartitionKey, bus.KeyEventType:
@@ -252,10 +252,10 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 				meta = append(meta, metaPair{k, v})
 			default:
 				if why := badText(k); why != "" {
-					return nil, bad("Metadata", fmt.Sprintf("key %q: %s", k, why))
+					return nil, bad("Metadata", aboutKey("key %q: %s", k, why))
 				}
 				if why := badText(v); why != "" {
-					return nil, bad("Metadata", fmt.Sprintf("value of %q: %s", k, why))
+					return nil, bad("Metadata", aboutKey("value of %q: %s", k, why))
 				}
 				meta = append(meta, metaPair{k, v})
 			}
@@ -274,7 +274,7 @@ func (o *Outbox) rows(ctx context.Context, topic string, msgs []*message.Message
 		}
 		metas[i] = meta.json()
 		if len(metas[i]) > o.cfg.MaxMetadataBytes {
-			return nil, bad("Metadata", fmt.Sprintf("%d bytes of JSON is over the limit of %d", len(metas[i]), o.cfg.MaxMetadataBytes))
+			return nil, bad("Metadata", overLimit(" of JSON", len(metas[i]), o.cfg.MaxMetadataBytes))
 		}
 	}
 	return r, nil
