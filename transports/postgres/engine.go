@@ -749,9 +749,9 @@ func (e *engine) lockLanes(ctx context.Context, tx pgx.Tx, gs, ts, ks []string) 
 // no writer of the key can hold beside us: a lane a writer holds is skipped
 // and given back ready now (to be looked at again); a writer arriving after
 // us waits for our commit, then sees the lane deleted or asleep and leaves
-// a note (migration 0004). The locked ones are recomputed in a later
-// statement, whose snapshot includes every writer that held the lock before
-// us.
+// a note (migration 0004). The locked ones are looked at in later
+// statements, whose snapshots include every writer that held the lock before
+// us: those without pending rows are deleted, and the rest recomputed.
 func (e *engine) settleCareful(ctx context.Context, careful []laneKey, lasts map[laneKey]int64) (readyNow int64, err error) {
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -768,32 +768,34 @@ func (e *engine) settleCareful(ctx context.Context, careful []laneKey, lasts map
 	}
 	settled := map[laneKey]bool{}
 	if len(exclusive) > 0 {
-		empty, ready, err := e.recompute(ctx, tx, exclusive, lasts, true)
+		// The lanes without pending rows are deleted first: most lanes that
+		// come this way are empty (a drained key, reconcile), and for them
+		// this one statement is all. The rest get their next ready time.
+		eg, et, ek := laneArrays(exclusive)
+		rows, err := tx.Query(ctx, e.q.deleteEmpty, eg, et, ek)
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
 		}
-		readyNow += ready
-		for _, l := range exclusive {
-			settled[l] = true
+		deleted, err := scanLanes(rows)
+		if err != nil {
+			return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
 		}
-		if len(empty) > 0 {
-			eg, et, ek := laneArrays(empty)
-			rows, err := tx.Query(ctx, e.q.deleteEmpty, eg, et, ek)
+		for _, d := range deleted {
+			settled[d] = true
+		}
+		if kept := minus(exclusive, deleted); len(kept) > 0 {
+			empty, ready, err := e.recompute(ctx, tx, kept, lasts, true)
 			if err != nil {
-				return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
+				return 0, err
 			}
-			deleted, err := scanLanes(rows)
-			if err != nil {
-				return 0, fmt.Errorf("delete empty lanes of %q: %w", e.q.table, err)
-			}
-			gone := map[laneKey]bool{}
-			for _, d := range deleted {
-				gone[d] = true
+			readyNow += ready
+			for _, l := range kept {
+				settled[l] = true
 			}
 			for _, l := range empty {
-				if !gone[l] {
-					settled[l] = false // a row arrived after all
-				}
+				// Its rows went between the two statements (a row deleted
+				// by hand): given back ready, it is looked at again.
+				settled[l] = false
 			}
 		}
 	}
