@@ -277,6 +277,7 @@ func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *str
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(e.q.bookkeeping)
+		b.Queue(e.q.generic)
 		lease(b)
 		ll, err := leaseBatch(ctx, tx, b)
 		if err != nil {
@@ -317,7 +318,7 @@ func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *str
 // leaseBatch sends b and returns the lanes its last statement leased (none
 // when b holds only Bookkeeping).
 func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) ([]leasedLane, error) {
-	if b.Len() == 1 { // Bookkeeping alone: no lanes to lease
+	if b.Len() == 2 { // Bookkeeping and GenericPlans alone: no lanes to lease
 		return nil, tx.SendBatch(ctx, b).Close()
 	}
 	return batchLast(ctx, tx, b, scanLeased)

@@ -369,11 +369,15 @@ SELECT set_config('enable_nestloop', current_setting('omnibus.saved_enable_nestl
 SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 
 -- name: GenericPlans
--- GenericPlans makes the rest of a transaction of engine.next use generic
--- plans: they are planned once per connection instead of at every run of a
--- key (planning Pick cost more than running it). Their plans do not depend
--- on the values of the parameters: Pick reaches a key's rows only through
--- the key index (see its floor condition).
+-- GenericPlans makes the rest of a fetch's transaction (engine.inTx) and of
+-- engine.next's use generic plans: they are planned once per connection
+-- instead of at every fetch and every run of a key (planning Pick cost more
+-- than running it for one key; left to choose, PostgreSQL planned every
+-- fetch's Pick anew, 5 % of the server's CPU in BenchmarkRelayDrain). Their
+-- plans do not depend on the values of the parameters: Pick reaches a key's
+-- rows only through the key index (see its floor condition), LeaseLanes its
+-- candidates through the ready_at index, and Bookkeeping turned sequential
+-- scans off before either is planned.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
 
 -- name: KeepLane
