@@ -152,3 +152,32 @@ func TestEngine_StatementsAreNotJITCompiled(t *testing.T) {
 		assert.False(t, jitted(first), "a statement after %s is compiled", name)
 	}
 }
+
+// A fetch plans its statements once per connection, not at every fetch:
+// left to choose (plan_cache_mode auto), PostgreSQL planned Pick anew at
+// every fetch, about 5 % of the server's CPU in BenchmarkRelayDrain.
+// GenericPlans, in every fetch's first round trip, makes it keep one plan.
+// On one connection, ten fetches that each lease lanes and pick rows must
+// show in pg_prepared_statements as generic plans only.
+func TestFetch_PlansPickOncePerConnection(t *testing.T) {
+	t.Parallel()
+	shared, ob := newOutbox(t)
+	ctx := context.Background()
+	cfg := shared.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	e := testEngine(pool, ob, "relay", 16)
+	const fetches = 10
+	for i := range fetches {
+		enqueue(t, pool, ob, "t", event(fmt.Sprintf("k%d", i), "a"), event(fmt.Sprintf("k%d", i), "b"))
+		got := cycle(t, e, 10, nil)
+		require.Equal(t, []string{"a", "b"}, payloads(got), "fetch %d", i)
+	}
+	var generic, custom int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
+		FROM pg_prepared_statements WHERE statement LIKE '%WITH lane AS%'`).Scan(&generic, &custom))
+	assert.Zero(t, custom, "Pick planned for its parameters' values (anew at each fetch)")
+	assert.GreaterOrEqual(t, generic, int64(fetches), "Pick ran with its one generic plan at each fetch")
+}
