@@ -91,8 +91,8 @@ func TestDeliveryAndSettlementTravelInTheContext(t *testing.T) {
 }
 
 // The delivery's context is its parent's in everything but the delivery:
-// values, cancellation (derived contexts end with it), deadline; and it costs
-// one allocation. (Not parallel: testing.AllocsPerRun refuses.)
+// values and cancellation (derived contexts end with it); and it costs one
+// allocation. (Not parallel: testing.AllocsPerRun refuses.)
 func TestWithDelivery_KeepsTheParentsValuesAndCancellation(t *testing.T) {
 	type key struct{}
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))

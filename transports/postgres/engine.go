@@ -278,8 +278,9 @@ func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *str
 		b := &pgx.Batch{}
 		b.Queue(e.q.bookkeeping)
 		b.Queue(e.q.generic)
+		prefix := b.Len()
 		lease(b)
-		ll, err := leaseBatch(ctx, tx, b)
+		ll, err := leaseBatch(ctx, tx, b, b.Len() > prefix)
 		if err != nil {
 			return err
 		}
@@ -315,10 +316,10 @@ func (e *engine) inTx(ctx context.Context, lease func(*pgx.Batch), topicArg *str
 	return res, nil
 }
 
-// leaseBatch sends b and returns the lanes its last statement leased (none
-// when b holds only Bookkeeping).
-func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) ([]leasedLane, error) {
-	if b.Len() == 2 { // Bookkeeping and GenericPlans alone: no lanes to lease
+// leaseBatch sends b and returns the lanes its last statement leased, or
+// none when b holds no lease statement (leases false).
+func leaseBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, leases bool) ([]leasedLane, error) {
+	if !leases {
 		return nil, tx.SendBatch(ctx, b).Close()
 	}
 	return batchLast(ctx, tx, b, scanLeased)
