@@ -206,43 +206,51 @@ WITH lane AS (
     FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
     WHERE l.locked_by = $1
-), line AS (
+), run AS (
+    -- line and run are made for each lane inside its lateral subquery: the
+    -- key's rows come out of the key index in id order, so their windows
+    -- need no sort. (Computed over all lanes' rows, with their payloads,
+    -- they sorted every row a fetch hands out: a tenth of Pick's time in
+    -- BenchmarkRelayDrain.)
     SELECT lane.topic, lane.partition_key, r.*
     FROM lane CROSS JOIN LATERAL (
-        SELECT t.id, t.created_at,
-               (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable,
-               t.locked_by IS NOT NULL AS leftover,
-               t.event_id, t.event_type, t.payload, t.metadata, t.attempts, t.max_attempts
-        FROM {T} t
-        WHERE t.topic = lane.topic{G_T}
-          -- The key and its floor as a range of row comparisons on
-          -- (partition_key, id), the key index's last columns: the primary
-          -- key cannot serve them, so even a generic plan (engine.next)
-          -- reads the key index from the floor, instead of scanning the
-          -- primary key from the floor over every key's rows. (Written as an
-          -- equality on partition_key and id >= floor, the index scan would
-          -- start at the key's first entry and visit the dead entry of every
-          -- row of the key completed since its last vacuum.)
-          AND t.status = 'pending'
-          AND (t.partition_key, t.id) >= (lane.partition_key, lane.floor_id)
-          AND (t.partition_key, t.id) <= (lane.partition_key, 9223372036854775807)
-          AND (t.scheduled_at <= statement_timestamp() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
-          AND NOT ($10::boolean AND EXISTS (
-              SELECT 1 FROM {T} f
-              WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
-                AND f.status = 'failed' AND f.id < t.id))
-        ORDER BY t.partition_key, t.id -- one key: the order of ids, and of the key index
-        LIMIT $6
+        SELECT x.id, x.created_at, x.deliverable, x.leftover,
+               x.event_id, x.event_type, x.payload, x.metadata, x.attempts, x.max_attempts
+        FROM (
+            SELECT line.*,
+                   bool_and(line.deliverable) OVER w AS ok,
+                   COALESCE(bool_or(line.leftover) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS after_leftover
+            FROM (
+                SELECT t.partition_key AS pkey, t.id, t.created_at,
+                       (t.scheduled_at <= statement_timestamp() AND (t.locked_until IS NULL OR t.locked_until < statement_timestamp())) AS deliverable,
+                       t.locked_by IS NOT NULL AS leftover,
+                       t.event_id, t.event_type, t.payload, t.metadata, t.attempts, t.max_attempts
+                FROM {T} t
+                WHERE t.topic = lane.topic{G_T}
+                  -- The key and its floor as a range of row comparisons on
+                  -- (partition_key, id), the key index's last columns: the
+                  -- primary key cannot serve them, so even a generic plan
+                  -- (engine.next) reads the key index from the floor,
+                  -- instead of scanning the primary key from the floor over
+                  -- every key's rows. (Written as an equality on
+                  -- partition_key and id >= floor, the index scan would start
+                  -- at the key's first entry and visit the dead entry of
+                  -- every row of the key completed since its last vacuum.)
+                  AND t.status = 'pending'
+                  AND (t.partition_key, t.id) >= (lane.partition_key, lane.floor_id)
+                  AND (t.partition_key, t.id) <= (lane.partition_key, 9223372036854775807)
+                  AND (t.scheduled_at <= statement_timestamp() OR t.locked_until IS NOT NULL OR t.last_error IS NOT NULL)
+                  AND NOT ($10::boolean AND EXISTS (
+                      SELECT 1 FROM {T} f
+                      WHERE f.topic = lane.topic AND f.partition_key = lane.partition_key{G_F}
+                        AND f.status = 'failed' AND f.id < t.id))
+                ORDER BY t.partition_key, t.id -- one key: the order of ids, and of the key index
+                LIMIT $6
+            ) line
+            WINDOW w AS (ORDER BY line.pkey, line.id)
+        ) x
+        WHERE x.ok AND NOT x.after_leftover AND NOT (x.leftover AND $12::boolean)
     ) r
-), run AS (
-    SELECT * FROM (
-        SELECT line.*,
-               bool_and(deliverable) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok,
-               COALESCE(bool_or(leftover) OVER (PARTITION BY topic, partition_key ORDER BY id
-                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS after_leftover
-        FROM line
-    ) x
-    WHERE ok AND NOT after_leftover AND NOT (leftover AND $12::boolean)
 ), ran AS (
     -- The lane's lease covers the rows of the run that are not left over:
     -- they are not written to; the lane notes that they are out.
@@ -280,7 +288,10 @@ WITH lane AS (
 ), handed AS (
     SELECT id, bool_and(got) OVER (PARTITION BY topic, partition_key ORDER BY id) AS ok
     FROM (SELECT r.id, r.topic, r.partition_key, NOT r.leftover OR r.id IN (SELECT id FROM picked WHERE NOT spent) AS got
-          FROM run r) r
+          FROM run r
+          -- Only a row left over can be missing from picked; without one,
+          -- every row of every run is handed out, and nothing is sorted.
+          WHERE EXISTS (SELECT 1 FROM run x WHERE x.leftover)) r
 )
 -- The joins with picked are written as IN over an uncorrelated subquery
 -- (a hashed SubPlan), not as joins: the planner cannot estimate how many
