@@ -138,7 +138,7 @@ func (e *engine) fetch(ctx context.Context, topic string, lanes, loose int) (fet
 	return e.inTx(ctx, func(b *pgx.Batch) {
 		if lanes > 0 {
 			b.Queue(e.q.takeNotes)
-			b.Queue(e.q.leaseLanes, e.worker, e.lease, lanes, topicArg, e.group)
+			b.Queue(e.q.leaseLanes, lanes, topicArg, e.group)
 		}
 	}, topicArg, loose)
 }
@@ -153,7 +153,7 @@ func (e *engine) turn(ctx context.Context, k laneKey, wait time.Duration) (res f
 	res, err = e.inTx(ctx, func(b *pgx.Batch) {
 		b.Queue(e.q.lockTimeout, timeout)
 		b.Queue(e.q.laneLock, k.group, k.topic, k.key)
-		b.Queue(e.q.leaseLane, e.worker, e.lease, k.group, k.topic, k.key)
+		b.Queue(e.q.leaseLane, k.group, k.topic, k.key)
 	}, nil, 0)
 	if err != nil {
 		if isLockTimeout(err) {
@@ -197,7 +197,7 @@ func (e *engine) next(ctx context.Context, k laneKey, after int64, acks []settle
 		b.Queue(e.q.settle, e.settleArgs(acks)...)
 		b.Queue(e.q.planJoins)
 	}
-	b.Queue(e.q.keepLane, e.worker, e.lease, k.group, k.topic, k.key)
+	b.Queue(e.q.keepLane, e.worker, k.group, k.topic, k.key)
 	b.Queue(e.q.pick, e.worker, e.lease, g, t, kk, e.run, 0, nil, e.group, e.block, []int64{after + 1}, true)
 	start := time.Now()
 	br := e.pool.SendBatch(ctx, b)

@@ -344,3 +344,47 @@ WHERE s.relid = $1::regclass OR s.relid IN (SELECT inhrelid FROM pg_inherits WHE
 	assert.Equal(t, int64(10), updates, "one update per unkeyed row, none per keyed row")
 	assert.Equal(t, updates, hot, "every lease is a HOT update")
 }
+
+// A fetch writes each lane it takes once: Pick leases it and notes its run
+// in one write, as a key's next run renews the lease and extends the run in
+// one. (LeaseLanes and KeepLane wrote the lease first, and Pick the run
+// again: two versions of every lane per fetch and per next run.)
+func TestFetch_WritesEachLaneOnce(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	var msgs []*message.Message
+	for i := range 12 {
+		msgs = append(msgs, event(fmt.Sprintf("k%d", i%3), fmt.Sprintf("e%d", i)))
+	}
+	enqueue(t, pool, ob, "t", msgs...)
+	e := testEngine(pool, ob, "w1", 2)
+	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 3, "one run of each key")
+	u := res.units[0]
+	require.Len(t, u.rows, 2)
+	next, err := e.next(ctx, *u.lane, u.rows[len(u.rows)-1].id, nil)
+	require.NoError(t, err)
+	require.Len(t, next.units, 1, "the key's next run")
+	assert.Greater(t, next.units[0].rows[0].id, u.rows[len(u.rows)-1].id, "the next run follows the first")
+
+	var lockedBy, runBy string
+	var runEnd int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT locked_by, run_by, run_end FROM `+ob.q.table.derived("_lanes").quoted()+`
+		WHERE partition_key = $1`, *u.rows[0].partitionKey).Scan(&lockedBy, &runBy, &runEnd))
+	assert.Equal(t, "w1", lockedBy, "the lane is leased")
+	assert.Equal(t, "w1", runBy, "its run is noted")
+	assert.Equal(t, next.units[0].rows[len(next.units[0].rows)-1].id, runEnd, "the run ends at the next run's last row")
+
+	// Three lanes leased with their runs, then one renewed with its next run:
+	// four writes. The backend reports its counters within a second or so of
+	// going idle.
+	var updates int64
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(max(n_tup_upd), 0)::bigint FROM pg_stat_user_tables WHERE relid = $1::regclass`,
+			ob.q.table.derived("_lanes").quoted()).Scan(&updates))
+		return updates >= 4
+	}, "the lanes' updates to reach the statistics")
+	assert.Equal(t, int64(4), updates, "one write per lane taken and per next run")
+}

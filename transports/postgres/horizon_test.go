@@ -610,7 +610,7 @@ func TestPick_StartsAtANoteNotYetTakenBelowTheFloor(t *testing.T) {
 	// Lease the lane and pick, without taking the note first.
 	e := testEngine(pool, ob, "relay", 16)
 	res, err := e.inTx(ctx, func(b *pgx.Batch) {
-		b.Queue(ob.q.leaseLanes, e.worker, e.lease, 10, nil, e.group)
+		b.Queue(ob.q.leaseLanes, 10, nil, e.group)
 	}, nil, 0)
 	require.NoError(t, err)
 	require.Len(t, res.units, 1)

@@ -316,7 +316,7 @@ func TestLeaseLanes_TriesOnlyItsCandidatesWhateverThePlan(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, `SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off`)
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, ob.q.leaseLanes, "relay", 30*time.Second, 10, nil, "")
+	rows, err := tx.Query(ctx, ob.q.leaseLanes, 10, nil, "")
 	require.NoError(t, err)
 	leased, err := scanLeased(rows)
 	require.NoError(t, err)

@@ -8,7 +8,7 @@
 -- name: LeaseLanes
 -- The fetch is two statements in one short transaction (engine.fetch):
 --
--- leaseLanes leases up to $3 ready lanes (keys), oldest ready first. For
+-- leaseLanes takes up to $1 ready lanes (keys), oldest ready first. For
 -- each it takes the lane's advisory lock exclusively, with a try: every
 -- writer of a key holds that lock shared from before its rows get their
 -- ids until it commits (the lane trigger, migration 0004), so a lane with a
@@ -30,31 +30,28 @@ WITH c AS MATERIALIZED (
     FROM {L} c
     WHERE c.ready_at <= statement_timestamp()
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
-      AND ($4::text IS NULL OR c.topic = $4)
-      AND c.consumer_group = $5 -- outbox lanes all belong to the group ''
+      AND ($2::text IS NULL OR c.topic = $2)
+      AND c.consumer_group = $3 -- outbox lanes all belong to the group ''
     ORDER BY c.ready_at
-    LIMIT 2 * $3
+    LIMIT 2 * $1
     FOR UPDATE SKIP LOCKED
 ), taken AS (
     SELECT c.*
     FROM c
     WHERE pg_try_advisory_xact_lock({LANE_LOCK_C})
-    LIMIT $3
-), {LOST_RUN}, {LEASE_TAKEN}
+    LIMIT $1
+), {LOST_RUN}
+{LEASE_TAKEN}
 
 -- fragment: LeaseTaken
 -- The end of LeaseLanes and LeaseLane ({LEASE_TAKEN}): the lanes taken are
--- leased to this worker ($1, for $2), with no run yet (LostRun, before it
--- in the same statement, dealt with a run a lost lease left), and returned
--- with their floors.
-leased AS (
-    UPDATE {L} l
-    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval, run_by = NULL, run_end = NULL, run_at = NULL
-    FROM taken c
-    WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-    RETURNING l.consumer_group, l.topic, l.partition_key, l.floor_id
-)
-SELECT consumer_group, topic, partition_key, floor_id FROM leased
+-- returned with their floors, row-locked until the fetch commits. They are
+-- not written here: Pick, the next statement of the fetch's transaction,
+-- leases them to this worker and notes their runs in one write of each lane
+-- (a lease written here and a run written there were two versions of every
+-- lane a fetch took, each with its WAL record). Nobody else can lease them
+-- meanwhile: leasing takes the same row lock.
+SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id FROM taken c
 
 -- fragment: LostRun
 -- A fragment of LeaseLanes and LeaseLane ({LOST_RUN}): the CTE lost, over
@@ -205,7 +202,10 @@ WITH lane AS (
                                           AND n.partition_key = k.partition_key)) END AS floor_id
     FROM unnest($3::text[], $4::text[], $5::text[], $11::bigint[]) AS k(consumer_group, topic, partition_key, floor_id)
     JOIN {L} l ON l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
-    WHERE l.locked_by = $1
+    -- A fetch's lanes are the ones LeaseLanes (or LeaseLane) took and holds
+    -- locked; a key's next run ($12) is taken only while the lane is still
+    -- this worker's (KeepLane found no row otherwise).
+    WHERE NOT $12::boolean OR l.locked_by = $1
 ), run AS (
     -- line and run are made for each lane inside its lateral subquery: the
     -- key's rows come out of the key index in id order, so their windows
@@ -252,13 +252,21 @@ WITH lane AS (
         WHERE x.ok AND NOT x.after_leftover AND NOT (x.leftover AND $12::boolean)
     ) r
 ), ran AS (
-    -- The lane's lease covers the rows of the run that are not left over:
-    -- they are not written to; the lane notes that they are out.
+    -- Every lane is leased to this worker ($1, for $2), and its run noted
+    -- in the same write: the lane's lease covers the rows of the run that
+    -- are not left over; they are not written to. A fetch's lane starts a
+    -- new run (none when the lane has nothing to hand out: it is leased
+    -- idle, and given back); a key's next run ($12) extends the lane's run.
     UPDATE {L} l
-    SET run_by = $1, run_end = GREATEST(COALESCE(l.run_end, 0), r.last),
-        run_at = COALESCE(l.run_at, statement_timestamp())
-    FROM (SELECT topic, partition_key, max(id) AS last FROM run WHERE NOT leftover GROUP BY 1, 2) r
-    WHERE l.consumer_group = $9 AND l.topic = r.topic AND l.partition_key = r.partition_key AND l.locked_by = $1
+    SET locked_by = $1, locked_until = statement_timestamp() + $2::interval,
+        run_by = CASE WHEN r.last IS NOT NULL THEN $1 WHEN $12::boolean THEN l.run_by END,
+        run_end = CASE WHEN $12::boolean THEN GREATEST(l.run_end, r.last) ELSE r.last END,
+        run_at = CASE WHEN $12::boolean AND l.run_at IS NOT NULL THEN l.run_at
+                      WHEN r.last IS NOT NULL THEN statement_timestamp() END
+    FROM lane k
+    LEFT JOIN (SELECT topic, partition_key, max(id) AS last FROM run WHERE NOT leftover GROUP BY 1, 2) r
+      ON r.topic = k.topic AND r.partition_key = k.partition_key
+    WHERE l.consumer_group = k.consumer_group AND l.topic = k.topic AND l.partition_key = k.partition_key
 ), loose AS (
     SELECT t.id, t.created_at
     FROM {T} t
@@ -319,11 +327,12 @@ SELECT pg_advisory_xact_lock({LANE_LOCK})
 WITH taken AS (
     SELECT c.consumer_group, c.topic, c.partition_key, c.floor_id, c.run_by, c.run_end, c.run_at, c.locked_until
     FROM {L} c
-    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5
+    WHERE c.consumer_group = $1 AND c.topic = $2 AND c.partition_key = $3
       AND c.ready_at <= statement_timestamp()
       AND (c.locked_until IS NULL OR c.locked_until < statement_timestamp())
     FOR UPDATE
-), {LOST_RUN}, {LEASE_TAKEN}
+), {LOST_RUN}
+{LEASE_TAKEN}
 
 -- name: Bookkeeping
 -- Bookkeeping is the first statement of every transaction of the engine
@@ -393,23 +402,18 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
 
 -- name: KeepLane
 -- KeepLane keeps a lane this worker holds for its next run (engine.next):
--- it renews the lane's lease and takes the lane's advisory lock with a try
+-- it locks the lane's row and takes the lane's advisory lock with a try
 -- ({LANE_LOCK_FN}, migration 0005), which fails the batch at once
 -- (lock_not_available) while a writer of the key is in flight, so that
 -- Pick, the next statement of the same transaction, sees every row that
 -- will ever have a smaller id than the rows it hands out, as after
--- LeaseLanes. No row when the lease is no longer ours.
-UPDATE {L} l
-SET locked_until = statement_timestamp() + $2::interval
-FROM (
-    SELECT c.consumer_group, c.topic, c.partition_key
-    FROM {L} c
-    WHERE c.consumer_group = $3 AND c.topic = $4 AND c.partition_key = $5 AND c.locked_by = $1
-      AND {LANE_LOCK_FN}(c.consumer_group, c.topic, c.partition_key)
-    FOR NO KEY UPDATE NOWAIT
-) c
-WHERE l.consumer_group = c.consumer_group AND l.topic = c.topic AND l.partition_key = c.partition_key
-RETURNING l.floor_id
+-- LeaseLanes. Pick renews the lease, in the write that notes the run. No row
+-- when the lease is no longer ours.
+SELECT c.floor_id
+FROM {L} c
+WHERE c.consumer_group = $2 AND c.topic = $3 AND c.partition_key = $4 AND c.locked_by = $1
+  AND {LANE_LOCK_FN}(c.consumer_group, c.topic, c.partition_key)
+FOR NO KEY UPDATE NOWAIT
 
 -- name: StarvedLanes
 -- starved lists lanes that have been ready and free for $1 without any
