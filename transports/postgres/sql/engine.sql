@@ -472,16 +472,23 @@ WITH runs AS (
             WHERE l.consumer_group = $15 AND l.topic = k.topic AND l.partition_key = k.partition_key
               AND l.run_by = $1) AS run_end
     FROM unnest($13::text[], $14::text[]) WITH ORDINALITY AS k(topic, partition_key, i)
+), acks AS MATERIALIZED (
+    -- Each ack with its run's key and end, joined before the rows are:
+    -- the rows are then matched with one hash of the acks (joining the
+    -- runs last hashed the acks with their rows, all of their columns, a
+    -- second time).
+    SELECT u.id, u.lease, r.topic, r.partition_key, r.run_end
+    FROM unnest($2::bigint[], $12::int[], $16::int[]) AS u(id, lease, run)
+    LEFT JOIN runs r ON r.i = u.run
 ), acked AS (
     UPDATE {T} t
     SET status = 'completed', completed_at = now(), locked_by = NULL, locked_until = NULL,
         attempts = t.attempts - (t.attempts = u.lease)::int
-    FROM unnest($2::bigint[], $12::int[], $16::int[]) AS u(id, lease, run)
-    LEFT JOIN runs r ON r.i = u.run
+    FROM acks u
     WHERE t.id = u.id AND t.id = ANY($2::bigint[])
       AND (t.locked_by = $1
            OR (t.locked_by IS NULL AND t.status = 'pending'
-               AND t.topic = r.topic AND t.partition_key = r.partition_key AND t.id <= r.run_end))
+               AND t.topic = u.topic AND t.partition_key = u.partition_key AND t.id <= u.run_end))
     RETURNING 1
 ), released AS (
     UPDATE {T} t
