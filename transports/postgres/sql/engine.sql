@@ -133,9 +133,10 @@ WHERE (l.ready_at > EXCLUDED.ready_at AND NOT l.blocked) OR l.floor_id > EXCLUDE
 -- (its own now()) later than that. Its row would look delayed, never
 -- tried, and not hold its key back: the rows behind it would go first.
 --
--- pick chooses and leases the rows of the lanes leaseLanes (or KeepLane)
--- returned ($3..$5; only those this worker holds, $1) and up to $7
--- unkeyed rows:
+-- pick leases to this worker ($1) the lanes leaseLanes, LeaseLane or
+-- KeepLane returned and holds locked ($3..$5; for KeepLane only while the
+-- lane is still this worker's), and chooses the rows of those lanes and up
+-- to $7 unkeyed rows:
 --  line:  for each lane, the first $6 rows that are "in line" (due, leased,
 --         or tried and waiting), in id order. Delayed rows never tried are
 --         not in line and hold nothing back. With the Block policy ($10)
