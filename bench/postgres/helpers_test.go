@@ -121,9 +121,12 @@ type traceKey struct{}
 
 func isFetch(sql string) bool { return strings.HasPrefix(strings.TrimSpace(sql), "WITH lane AS (") }
 
-// isLease tells the fetch's first statement, which leases lanes.
+// isLease tells the fetch's first statement, which takes lanes: it tries
+// their advisory locks and deals with runs a lost lease left (the give-back's
+// LockEmptyLanes tries the locks too, and LeaseLane, a turn on one lane,
+// takes no lock with a try).
 func isLease(sql string) bool {
-	return strings.Contains(sql, "pg_try_advisory_xact_lock") && strings.Contains(sql, "LIMIT $3")
+	return strings.Contains(sql, "pg_try_advisory_xact_lock") && strings.Contains(sql, "lost AS (")
 }
 
 // label names a statement by its first words, with quoted names (tables,
