@@ -215,7 +215,7 @@ WITH lane AS (
     -- BenchmarkRelayDrain.)
     SELECT lane.topic, lane.partition_key, r.*
     FROM lane CROSS JOIN LATERAL (
-        SELECT x.id, x.created_at, x.deliverable, x.leftover,
+        SELECT x.id, x.created_at, x.leftover,
                x.event_id, x.event_type, x.payload, x.metadata, x.attempts, x.max_attempts
         FROM (
             SELECT line.*,
