@@ -381,6 +381,90 @@ func TestReconcile_ALaneGivenBackAsDrainedThatIsNotEmptyKeepsItsRows(t *testing.
 	assert.Equal(t, []string{"second"}, payloads(cycle(t, e, 10, nil)), "the row written after the pick is delivered next, alone")
 }
 
+// The give-back of a drained lane looks for pending rows from the lane's
+// floor, not from past the run it handed out: a row below the run's end can
+// be pending without having been handed out. Were the lane deleted with
+// such a row, the row would have neither lane nor note, and the key's next
+// writer would make a lane whose floor lies above it: the rows written
+// after it would go first. Two such rows: one an operator requeues while
+// the run is delivered (this test), and one whose ack the database refuses
+// (the next).
+func TestReconcile_ARowRequeuedInsideADrainedRunKeepsItsLane(t *testing.T) {
+	t.Parallel()
+	f := newAdminFixture(t)
+	ctx := context.Background()
+	e := testEngine(f.pool, f.ob, "relay", 16)
+	enqueue(t, f.pool, f.ob, "t", event("k", "failed"), event("k", "next"))
+	f.fail("failed") // the key's first row, failed for good: it holds nothing back
+
+	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	u := res.units[0]
+	require.Equal(t, []string{"next"}, payloads(u.rows))
+	// While the run is delivered, an operator requeues the failed row: it
+	// is pending again, between the lane's floor and the run's end.
+	require.NoError(t, f.admin.Requeue(ctx, f.id("failed")))
+	_, err = e.settle(ctx, []settleOp{u.rows[0].settle('a')})
+	require.NoError(t, err)
+	lane := *u.lane
+	retry, _, err := e.reconcile(ctx, []laneKey{lane}, map[laneKey]int64{lane: u.rows[0].id}, hint(true, lane))
+	require.NoError(t, err)
+	require.Empty(t, retry)
+
+	_, ok := f.lane("k")
+	assert.True(t, ok, "the lane of a key with a requeued row is kept")
+	enqueue(t, f.pool, f.ob, "t", event("k", "later"))
+	assert.Equal(t, []string{"failed", "later"}, payloads(cycle(t, e, 10, nil)),
+		"the requeued row goes before the row written after it")
+}
+
+func TestReconcile_ARowWhoseAckIsRefusedKeepsItsLane(t *testing.T) {
+	t.Parallel()
+	f := newAdminFixture(t)
+	ctx := context.Background()
+	e := testEngine(f.pool, f.ob, "relay", 16)
+	refuse := f.ob.q.table.derived("_refuse").quoted()
+	// The database refuses to complete one row (a trigger of the user's,
+	// say), so its ack is never written.
+	f.exec(`CREATE FUNCTION ` + refuse + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status = 'completed' AND NEW.payload = '\x737475636b'::bytea THEN
+        RAISE EXCEPTION 'refused by the test';
+    END IF;
+    RETURN NEW;
+END $$`)
+	t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), `DROP FUNCTION IF EXISTS `+refuse+`() CASCADE`) })
+	f.exec(`CREATE TRIGGER refuse BEFORE UPDATE ON {T} FOR EACH ROW EXECUTE FUNCTION ` + refuse + `()`)
+	enqueue(t, f.pool, f.ob, "t", event("k", "stuck"), event("k", "after"))
+
+	res, err := e.fetch(ctx, AllTopics, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, res.units, 1)
+	u := res.units[0]
+	require.Equal(t, []string{"stuck", "after"}, payloads(u.rows))
+	var logged []string
+	n, err := e.settleIsolating(ctx, []settleOp{u.rows[0].settle('a'), u.rows[1].settle('a')},
+		func(msg string, _ ...any) { logged = append(logged, msg) })
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "the other ack is written")
+	require.Len(t, logged, 1, "the refusal is logged")
+	require.Equal(t, "pending", stateOf(t, f.pool, f.ob, "stuck").status)
+	// Both rows were acked and the run was shorter than RunLength: the
+	// relay gives the lane back as drained.
+	lane := *u.lane
+	retry, _, err := e.reconcile(ctx, []laneKey{lane}, map[laneKey]int64{lane: u.rows[1].id}, hint(true, lane))
+	require.NoError(t, err)
+	require.Empty(t, retry)
+
+	_, ok := f.lane("k")
+	assert.True(t, ok, "the lane of a key whose ack was refused is kept")
+	f.exec(`DROP TRIGGER refuse ON {T}`)
+	enqueue(t, f.pool, f.ob, "t", event("k", "later"))
+	assert.Equal(t, []string{"stuck", "later"}, payloads(cycle(t, e, 10, nil)),
+		"the row whose ack was refused is delivered again, before the row written after it")
+}
+
 // A relay that gives back as drained a lane another relay has taken over
 // since (its lease ran out) leaves that lane alone: not deleted, still the
 // other relay's, and not counted as ready (which would wake its fetch for
