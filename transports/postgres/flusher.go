@@ -6,13 +6,19 @@ import (
 )
 
 // flusher gathers settlements and lane releases from every subscription of a
-// Subscriber and writes them in batches: one UPDATE for the rows, then one
-// reconciliation of the lanes whose runs ended. The order matters: a lane is
-// reconciled only after the settlements of its rows are written.
+// Subscriber and writes them in batches, in two stages that run side by
+// side: run writes the rows' settlements (one UPDATE per batch) and hands
+// the lanes whose runs ended before that batch to giveBack, which gives them
+// back (reconciles them) while run writes the next batch. The order that
+// matters is kept: a lane is given back only after the settlements of its
+// rows are written. (One goroutine doing both was the relay's bottleneck in
+// BenchmarkRelayDrain: busy for nearly all of the drain, the settlements
+// waited for every give-back.)
 type flusher struct {
 	s    *Subscriber
 	in   chan flushItem
-	stop chan struct{} // closed when no subscription will send again
+	give chan laneBatch // run → giveBack: lanes whose rows are settled
+	stop chan struct{}  // closed when no subscription will send again
 	done chan struct{}
 }
 
@@ -26,10 +32,51 @@ type flushItem struct {
 	done    chan struct{} // a barrier: closed once what came before it is written
 }
 
+// laneBatch is what run hands giveBack: lanes to give back, or a barrier
+// (done not nil) that giveBack closes once every lane handed before it is
+// given back, or ctx has ended trying.
+type laneBatch struct {
+	lanes   laneSet
+	done    chan struct{}
+	ctx     context.Context
+	closing bool // the last batch: give back what is left, then return
+}
+
+// laneSet is the lanes to give back, each with the highest id its fetches
+// handed out and whether it is drained (flusher.lane). A lane appears in
+// lanes once for each give-back (the tracker counts them).
+type laneSet struct {
+	lanes   []laneKey
+	lasts   map[laneKey]int64
+	drained map[laneKey]bool
+}
+
+func newLaneSet() laneSet {
+	return laneSet{lasts: map[laneKey]int64{}, drained: map[laneKey]bool{}}
+}
+
+func (l *laneSet) add(k laneKey, last int64, drained bool) {
+	l.lanes = append(l.lanes, k)
+	if last > l.lasts[k] {
+		l.lasts[k] = last
+	}
+	if drained {
+		l.drained[k] = true
+	}
+}
+
+// merge moves o's lanes into l.
+func (l *laneSet) merge(o laneSet) {
+	for _, k := range o.lanes {
+		l.add(k, o.lasts[k], o.drained[k])
+	}
+}
+
 func newFlusher(s *Subscriber) *flusher {
 	return &flusher{
 		s:    s,
 		in:   make(chan flushItem, 4*s.cfg.SettleBatch),
+		give: make(chan laneBatch, 16),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -55,18 +102,22 @@ func (f *flusher) written() {
 	<-done
 }
 
+// run is the first stage: it writes the settlements, and hands giveBack
+// the lanes gathered before each batch it wrote.
 func (f *flusher) run() {
 	defer f.s.wg.Done()
 	defer close(f.done)
+	gaveBack := make(chan struct{})
+	go func() {
+		defer close(gaveBack)
+		f.giveBack()
+	}()
 	var (
 		ops      []settleOp
-		lanes    []laneKey
-		lasts    = map[laneKey]int64{}
-		drained  = map[laneKey]bool{}
+		lanes    = newLaneSet()
 		timer    = time.NewTimer(time.Hour)
 		armed    bool
 		failures int
-		held     int // consecutive flushes that found lanes a writer holds
 	)
 	timer.Stop()
 	arm := func(d time.Duration) {
@@ -75,6 +126,8 @@ func (f *flusher) run() {
 			armed = true
 		}
 	}
+	// flush writes the gathered settlements, then hands the lanes gathered
+	// so far to giveBack: their rows' settlements came before them.
 	flush := func(ctx context.Context) bool {
 		if len(ops) > 0 {
 			start := time.Now()
@@ -86,29 +139,9 @@ func (f *flusher) run() {
 			}
 			ops = ops[:0]
 		}
-		if len(lanes) > 0 {
-			retry, ready, err := f.s.eng.reconcile(ctx, lanes, lasts, drained)
-			if err != nil {
-				f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(retry))
-			}
-			keep := make(map[laneKey]bool, len(retry))
-			for _, k := range retry {
-				keep[k] = true
-			}
-			for _, k := range lanes {
-				if !keep[k] {
-					f.s.tracked.removeLane(k)
-					delete(lasts, k)
-					delete(drained, k)
-				}
-			}
-			lanes = append(lanes[:0], retry...)
-			if ready > 0 {
-				f.s.wakeAll()
-			}
-			if err != nil {
-				return false
-			}
+		if len(lanes.lanes) > 0 {
+			f.give <- laneBatch{lanes: lanes}
+			lanes = newLaneSet()
 		}
 		return true
 	}
@@ -117,7 +150,7 @@ func (f *flusher) run() {
 	// after it expires: at least once, never lost.
 	drain := func(ctx context.Context) bool {
 		for attempt := 1; ; attempt++ {
-			if flush(ctx) && len(lanes) == 0 {
+			if flush(ctx) {
 				return true
 			}
 			select {
@@ -129,24 +162,22 @@ func (f *flusher) run() {
 	}
 	add := func(it flushItem) {
 		if it.done != nil {
-			// Everything before the barrier has been added: write it.
+			// Everything before the barrier has been added: write it, and
+			// wait for giveBack to give back its lanes.
 			ctx, cancel := context.WithTimeout(context.Background(), f.s.cfg.CloseTimeout)
 			if !drain(ctx) {
 				f.s.log.Error("omnibus: could not write settlements before the subscription ended; they are tried again",
-					"rows", len(ops), "lanes", len(lanes))
+					"rows", len(ops), "lanes", len(lanes.lanes))
 			}
+			given := make(chan struct{})
+			f.give <- laneBatch{done: given, ctx: ctx}
+			<-given
 			cancel()
 			close(it.done)
 			return
 		}
 		if it.lane != nil {
-			lanes = append(lanes, *it.lane)
-			if it.last > lasts[*it.lane] {
-				lasts[*it.lane] = it.last
-			}
-			if it.drained {
-				drained[*it.lane] = true
-			}
+			lanes.add(*it.lane, it.last, it.drained)
 		} else {
 			ops = append(ops, it.op)
 		}
@@ -179,14 +210,6 @@ func (f *flusher) run() {
 				continue
 			}
 			failures = 0
-			if len(lanes) == 0 {
-				held = 0
-				continue
-			}
-			// A writer is holding some lanes (it may sit idle in its
-			// transaction): try again, backing off up to a second.
-			held++
-			arm(min(20*time.Millisecond<<min(held-1, 6), time.Second))
 		case <-f.stop:
 			for drained := false; !drained; {
 				select {
@@ -196,14 +219,140 @@ func (f *flusher) run() {
 					drained = true
 				}
 			}
-			// Write what is left, retrying until CloseTimeout.
+			// Write what is left, retrying until CloseTimeout, and give
+			// back the lanes in what is left of it.
 			ctx, cancel := context.WithTimeout(context.Background(), f.s.cfg.CloseTimeout+time.Second)
 			defer cancel()
 			if !drain(ctx) {
 				f.s.log.Error("omnibus: gave up writing settlements at close; their rows will be redelivered after the lease",
-					"rows", len(ops), "lanes", len(lanes))
+					"rows", len(ops), "lanes", len(lanes.lanes))
 			}
+			f.give <- laneBatch{ctx: ctx, closing: true}
+			<-gaveBack
 			return
+		}
+	}
+}
+
+// giveBack is the second stage: it gives back the lanes run hands it, in
+// batches of what has queued up meanwhile, and retries the lanes a writer
+// holds (or that failed) with a backoff.
+func (f *flusher) giveBack() {
+	var (
+		lanes    = newLaneSet()
+		timer    = time.NewTimer(time.Hour)
+		armed    bool
+		failures int
+		held     int // consecutive give-backs that found lanes a writer holds
+	)
+	timer.Stop()
+	arm := func(d time.Duration) {
+		if !armed {
+			timer.Reset(d)
+			armed = true
+		}
+	}
+	// reconcile gives back the gathered lanes once; those not given back
+	// stay gathered.
+	reconcile := func(ctx context.Context) bool {
+		if len(lanes.lanes) == 0 {
+			return true
+		}
+		retry, ready, err := f.s.eng.reconcile(ctx, lanes.lanes, lanes.lasts, lanes.drained)
+		if err != nil {
+			f.s.log.Error("omnibus: releasing lanes failed; will retry", "error", err, "lanes", len(retry))
+		}
+		keep := make(map[laneKey]bool, len(retry))
+		for _, k := range retry {
+			keep[k] = true
+		}
+		for _, k := range lanes.lanes {
+			if !keep[k] {
+				f.s.tracked.removeLane(k)
+				delete(lanes.lasts, k)
+				delete(lanes.drained, k)
+			}
+		}
+		lanes.lanes = append(lanes.lanes[:0], retry...)
+		if ready > 0 {
+			f.s.wakeAll()
+		}
+		return err == nil
+	}
+	// drain gives back the gathered lanes, retrying until ctx ends.
+	drain := func(ctx context.Context) bool {
+		for attempt := 1; ; attempt++ {
+			if reconcile(ctx) && len(lanes.lanes) == 0 {
+				return true
+			}
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(backoffDelay(attempt)):
+			}
+		}
+	}
+	// next settles the timer after a give-back: a failure backs off, and
+	// lanes a writer holds (it may sit idle in its transaction) are tried
+	// again, backing off up to a second.
+	next := func(ok bool) {
+		if armed && !timer.Stop() {
+			<-timer.C
+		}
+		armed = false
+		switch {
+		case !ok:
+			failures++
+			arm(backoffDelay(failures))
+		case len(lanes.lanes) > 0:
+			failures = 0
+			held++
+			arm(min(20*time.Millisecond<<min(held-1, 6), time.Second))
+		default:
+			failures, held = 0, 0
+		}
+	}
+	for {
+		select {
+		case b := <-f.give:
+			if b.done == nil && !b.closing {
+				lanes.merge(b.lanes)
+				// Give back together what queued up meanwhile, up to a
+				// barrier, which waits for the lanes before it.
+				var barrier *laneBatch
+			more:
+				for {
+					select {
+					case b := <-f.give:
+						if b.done != nil || b.closing {
+							barrier = &b
+							break more
+						}
+						lanes.merge(b.lanes)
+					default:
+						break more
+					}
+				}
+				if failures == 0 || barrier != nil {
+					next(reconcile(context.Background()))
+				}
+				if barrier == nil {
+					continue
+				}
+				b = *barrier
+			}
+			if !drain(b.ctx) {
+				f.s.log.Error("omnibus: could not give back lanes before the subscription ended; their leases expire",
+					"lanes", len(lanes.lanes))
+			}
+			if b.closing {
+				return
+			}
+			close(b.done)
+			next(true)
+		case <-timer.C:
+			armed = false
+			next(reconcile(context.Background()))
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -123,4 +124,74 @@ func TestSubscriber_NackAppliesTheSettlement(t *testing.T) {
 	next.Ack()
 	testenv.Eventually(t, 5*time.Second, func() bool { return stateOf(t, pool, ob, "p").status == "failed" }, "the failure to be written")
 	assert.Equal(t, "cannot decode", *stateOf(t, pool, ob, "p").lastError)
+}
+
+// A lane's give-back can wait: for a writer of its key, or, here, for a
+// lock someone holds on the lane's row. The settlements of other keys' rows
+// are written meanwhile. (When one goroutine wrote both, every settlement
+// waited for the give-backs before it, and the relay drained no faster than
+// it gave lanes back: BenchmarkRelayDrain.)
+func TestSubscriber_SettlementsDoNotWaitForAGiveBack(t *testing.T) {
+	t.Parallel()
+	pool, ob := newOutbox(t)
+	ctx := context.Background()
+	lanes := ob.q.table.derived("_lanes").quoted()
+	// The second key must not share the first one's advisory lock, which
+	// the waiting give-back holds (a writer of the second key would wait
+	// for it, and so would its fetch).
+	lockOf := func(key string) string { return laneLock(ob.q.table, "''", "'t'", "'"+key+"'") }
+	other := ""
+	for _, k := range []string{"b", "c", "d", "e", "f"} {
+		var same bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (`+lockOf("a")+`) = (`+lockOf(k)+`)`).Scan(&same))
+		if !same {
+			other = k
+			break
+		}
+	}
+	require.NotEmpty(t, other)
+
+	enqueue(t, pool, ob, "t", event("a", "a1"))
+	sub, err := NewSubscriber(pool, SubscriberConfig{Table: ob.Table(), CloseTimeout: 5 * time.Second}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	rcvCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(rcvCtx, AllTopics)
+	require.NoError(t, err)
+	receive := func(want string) *message.Message {
+		t.Helper()
+		select {
+		case m := <-ch:
+			require.Equal(t, want, string(m.Payload))
+			return m
+		case <-rcvCtx.Done():
+			t.Fatalf("%s was not delivered", want)
+			return nil
+		}
+	}
+
+	a1 := receive("a1")
+	// Someone holds the row of a's lane locked: a's give-back, after a1's
+	// settlement, waits for them.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM `+lanes+` WHERE partition_key = 'a' FOR UPDATE`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "a's lane")
+	a1.Ack()
+	testenv.Eventually(t, 5*time.Second, func() bool { return stateOf(t, pool, ob, "a1").status == "completed" }, "a1's ack to be written")
+
+	enqueue(t, pool, ob, "t", event(other, "x1"))
+	receive("x1").Ack()
+	testenv.Eventually(t, 5*time.Second, func() bool { return stateOf(t, pool, ob, "x1").status == "completed" },
+		"x1's ack to be written while a's give-back waits")
+
+	require.NoError(t, tx.Rollback(ctx))
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		var held bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+lanes+` WHERE partition_key = 'a' AND locked_by IS NOT NULL)`).Scan(&held))
+		return !held
+	}, "a's lane to be given back once the lock is released")
 }
