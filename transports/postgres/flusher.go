@@ -115,17 +115,9 @@ func (f *flusher) run() {
 	var (
 		ops      []settleOp
 		lanes    = newLaneSet()
-		timer    = time.NewTimer(time.Hour)
-		armed    bool
+		timer    = newLazyTimer()
 		failures int
 	)
-	timer.Stop()
-	arm := func(d time.Duration) {
-		if !armed {
-			timer.Reset(d)
-			armed = true
-		}
-	}
 	// flush writes the gathered settlements, then hands the lanes gathered
 	// so far to giveBack: their rows' settlements came before them.
 	flush := func(ctx context.Context) bool {
@@ -148,18 +140,7 @@ func (f *flusher) run() {
 	// drain writes what is gathered, retrying until ctx ends. Rows whose
 	// settlement cannot be written keep their lease and are delivered again
 	// after it expires: at least once, never lost.
-	drain := func(ctx context.Context) bool {
-		for attempt := 1; ; attempt++ {
-			if flush(ctx) {
-				return true
-			}
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(backoffDelay(attempt)):
-			}
-		}
-	}
+	drain := func(ctx context.Context) bool { return retryUntil(ctx, flush) }
 	add := func(it flushItem) {
 		if it.done != nil {
 			// Everything before the barrier has been added: write it, and
@@ -189,24 +170,21 @@ func (f *flusher) run() {
 			// A full batch is written at once, unless writing is failing:
 			// then the backoff timer (armed) decides when to try again.
 			if len(ops) >= f.s.cfg.SettleBatch && failures == 0 {
-				if armed && !timer.Stop() {
-					<-timer.C
-				}
-				armed = false
+				timer.stop()
 				if !flush(context.Background()) {
 					failures++
-					arm(backoffDelay(failures))
+					timer.arm(backoffDelay(failures))
 				} else {
 					failures = 0
 				}
 				continue
 			}
-			arm(f.s.cfg.SettleInterval)
-		case <-timer.C:
-			armed = false
+			timer.arm(f.s.cfg.SettleInterval)
+		case <-timer.C():
+			timer.fired()
 			if !flush(context.Background()) {
 				failures++
-				arm(backoffDelay(failures))
+				timer.arm(backoffDelay(failures))
 				continue
 			}
 			failures = 0
@@ -240,18 +218,10 @@ func (f *flusher) run() {
 func (f *flusher) giveBack() {
 	var (
 		lanes    = newLaneSet()
-		timer    = time.NewTimer(time.Hour)
-		armed    bool
+		timer    = newLazyTimer()
 		failures int
 		held     int // consecutive give-backs that found lanes a writer holds
 	)
-	timer.Stop()
-	arm := func(d time.Duration) {
-		if !armed {
-			timer.Reset(d)
-			armed = true
-		}
-	}
 	// reconcile gives back the gathered lanes once; those not given back
 	// stay gathered.
 	reconcile := func(ctx context.Context) bool {
@@ -281,33 +251,21 @@ func (f *flusher) giveBack() {
 	}
 	// drain gives back the gathered lanes, retrying until ctx ends.
 	drain := func(ctx context.Context) bool {
-		for attempt := 1; ; attempt++ {
-			if reconcile(ctx) && len(lanes.lanes) == 0 {
-				return true
-			}
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(backoffDelay(attempt)):
-			}
-		}
+		return retryUntil(ctx, func(ctx context.Context) bool { return reconcile(ctx) && len(lanes.lanes) == 0 })
 	}
 	// next settles the timer after a give-back: a failure backs off, and
 	// lanes a writer holds (it may sit idle in its transaction) are tried
 	// again, backing off up to a second.
 	next := func(ok bool) {
-		if armed && !timer.Stop() {
-			<-timer.C
-		}
-		armed = false
+		timer.stop()
 		switch {
 		case !ok:
 			failures++
-			arm(backoffDelay(failures))
+			timer.arm(backoffDelay(failures))
 		case len(lanes.lanes) > 0:
 			failures = 0
 			held++
-			arm(min(20*time.Millisecond<<min(held-1, 6), time.Second))
+			timer.arm(min(20*time.Millisecond<<min(held-1, 6), time.Second))
 		default:
 			failures, held = 0, 0
 		}
@@ -350,9 +308,57 @@ func (f *flusher) giveBack() {
 			}
 			close(b.done)
 			next(true)
-		case <-timer.C:
-			armed = false
+		case <-timer.C():
+			timer.fired()
 			next(reconcile(context.Background()))
+		}
+	}
+}
+
+// lazyTimer is a timer that, once armed, keeps its time until it fires or
+// is stopped: arming it again meanwhile changes nothing.
+type lazyTimer struct {
+	t     *time.Timer
+	armed bool
+}
+
+func newLazyTimer() *lazyTimer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &lazyTimer{t: t}
+}
+
+func (l *lazyTimer) C() <-chan time.Time { return l.t.C }
+
+// arm sets the timer to fire in d unless it is armed already.
+func (l *lazyTimer) arm(d time.Duration) {
+	if !l.armed {
+		l.t.Reset(d)
+		l.armed = true
+	}
+}
+
+// fired records that the caller received from C.
+func (l *lazyTimer) fired() { l.armed = false }
+
+func (l *lazyTimer) stop() {
+	if l.armed && !l.t.Stop() {
+		<-l.t.C
+	}
+	l.armed = false
+}
+
+// retryUntil calls try until it reports done, backing off between tries,
+// or until ctx ends; it reports whether try got done.
+func retryUntil(ctx context.Context, try func(context.Context) bool) bool {
+	for attempt := 1; ; attempt++ {
+		if try(ctx) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoffDelay(attempt)):
 		}
 	}
 }

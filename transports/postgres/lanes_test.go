@@ -407,16 +407,23 @@ func TestReconcile_ARowRequeuedInsideADrainedRunKeepsItsLane(t *testing.T) {
 	require.NoError(t, f.admin.Requeue(ctx, f.id("failed")))
 	_, err = e.settle(ctx, []settleOp{u.rows[0].settle('a')})
 	require.NoError(t, err)
-	lane := *u.lane
-	retry, _, err := e.reconcile(ctx, []laneKey{lane}, map[laneKey]int64{lane: u.rows[0].id}, hint(true, lane))
-	require.NoError(t, err)
-	require.Empty(t, retry)
+	giveBackDrained(t, e, u)
 
 	_, ok := f.lane("k")
 	assert.True(t, ok, "the lane of a key with a requeued row is kept")
 	enqueue(t, f.pool, f.ob, "t", event("k", "later"))
 	assert.Equal(t, []string{"failed", "later"}, payloads(cycle(t, e, 10, nil)),
 		"the requeued row goes before the row written after it")
+}
+
+// giveBackDrained gives u's lane back as drained, as the flusher does after
+// a run that was all acked and shorter than RunLength.
+func giveBackDrained(t *testing.T, e *engine, u unit) {
+	t.Helper()
+	lane := *u.lane
+	retry, _, err := e.reconcile(context.Background(), []laneKey{lane}, map[laneKey]int64{lane: u.rows[len(u.rows)-1].id}, hint(true, lane))
+	require.NoError(t, err)
+	require.Empty(t, retry)
 }
 
 func TestReconcile_ARowWhoseAckIsRefusedKeepsItsLane(t *testing.T) {
@@ -452,10 +459,7 @@ END $$`)
 	require.Equal(t, "pending", stateOf(t, f.pool, f.ob, "stuck").status)
 	// Both rows were acked and the run was shorter than RunLength: the
 	// relay gives the lane back as drained.
-	lane := *u.lane
-	retry, _, err := e.reconcile(ctx, []laneKey{lane}, map[laneKey]int64{lane: u.rows[1].id}, hint(true, lane))
-	require.NoError(t, err)
-	require.Empty(t, retry)
+	giveBackDrained(t, e, u)
 
 	_, ok := f.lane("k")
 	assert.True(t, ok, "the lane of a key whose ack was refused is kept")
