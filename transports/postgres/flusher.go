@@ -291,13 +291,13 @@ func (f *flusher) giveBack() {
 						break more
 					}
 				}
-				if failures == 0 || barrier != nil {
-					next(reconcile(context.Background()))
-				}
 				if barrier == nil {
+					if failures == 0 {
+						next(reconcile(context.Background()))
+					}
 					continue
 				}
-				b = *barrier
+				b = *barrier // drain gives back what came before it
 			}
 			if !drain(b.ctx) {
 				f.s.log.Error("omnibus: could not give back lanes before the subscription ended; their leases expire",
