@@ -12,6 +12,7 @@ import (
 func (sub *subscription) ack(id string) {
 	sub.ackMu.Lock()
 	sub.acks = append(sub.acks, id)
+	sub.acked[id] = struct{}{}
 	sub.ackMu.Unlock()
 	select {
 	case sub.ackSignal <- struct{}{}:
@@ -81,6 +82,9 @@ func (sub *subscription) flushAcks() error {
 			}
 		}
 		cancel()
+		if err == nil || errors.Is(err, errFenced) {
+			sub.ackConfirmed(ids)
+		}
 		if errors.Is(err, errFenced) {
 			// Not ours to acknowledge any more: the shard's next owner
 			// delivers these entries again.
@@ -95,6 +99,54 @@ func (sub *subscription) flushAcks() error {
 			return fmt.Errorf("ack %d entries of stream %q: %w", len(ids), sub.stream, err)
 		}
 	}
+}
+
+// ackConfirmed forgets acked ids whose XACK Redis has answered (or refused
+// for good): a reclaim that begins from now on cannot return them. A reclaim
+// already running may, so it forgets them when it ends.
+func (sub *subscription) ackConfirmed(ids []string) {
+	sub.ackMu.Lock()
+	defer sub.ackMu.Unlock()
+	if sub.reclaiming {
+		sub.ackedLate = append(sub.ackedLate, ids...)
+		return
+	}
+	for _, id := range ids {
+		delete(sub.acked, id)
+	}
+}
+
+// reclaimBegins marks a reclaim running until the function it returns is
+// called; meanwhile ackConfirmed keeps the ids it is given.
+func (sub *subscription) reclaimBegins() (ends func()) {
+	sub.ackMu.Lock()
+	sub.reclaiming = true
+	sub.ackMu.Unlock()
+	return func() {
+		sub.ackMu.Lock()
+		defer sub.ackMu.Unlock()
+		sub.reclaiming = false
+		for _, id := range sub.ackedLate {
+			delete(sub.acked, id)
+		}
+		sub.ackedLate = nil
+	}
+}
+
+// ours reports whether a reclaimed entry is one this subscription holds or
+// has acked, taken back from itself. It looks at held first: an entry leaves
+// held only after its ack is queued, so it is in one or the other.
+func (sub *subscription) ours(id string) bool {
+	sub.mu.Lock()
+	_, held := sub.held[id]
+	sub.mu.Unlock()
+	if held {
+		return true
+	}
+	sub.ackMu.Lock()
+	defer sub.ackMu.Unlock()
+	_, acked := sub.acked[id]
+	return acked
 }
 
 // xack acknowledges ids: with XACK, or for a shard subscription only while

@@ -108,7 +108,11 @@
 // stops it hands what it holds back to the group: claimable at once, or when
 // the retry is due. If the process dies instead, any consumer of the group
 // reclaims the entries with XAUTOCLAIM after ClaimIdle. Nothing is lost
-// either way.
+// either way. Acknowledgements are batched into XACKs; a subscription does
+// not hand out again an entry it acked whose XACK is still on its way, even
+// when its own reclaim takes the entry back meanwhile. Another consumer may
+// reclaim it when the XACK is later than ClaimIdle (Redis unreachable):
+// delivery is at least once.
 //
 // A settlement with GiveUp (set by the Retry middleware for a permanent
 // failure or when the attempt budget is spent) copies the entry to the

@@ -148,12 +148,6 @@ func (sub *subscription) accept(xm redis.XMessage, count int64) {
 	e := &entry{id: xm.ID, fields: xm.Values, msg: msg, key: bus.PartitionKey(msg), count: count}
 
 	sub.mu.Lock()
-	if _, dup := sub.held[e.id]; dup {
-		// Reclaimed from ourselves: we hold it already.
-		sub.mu.Unlock()
-		sub.release(1)
-		return
-	}
 	e.touched = time.Now()
 	sub.held[e.id] = e
 	if sub.cfg.OrderByKey && e.key != "" {

@@ -20,6 +20,7 @@ func (sub *subscription) claimIdle(cursor string, n int) (used int, next string,
 	if sub.fence != nil {
 		keys, minIdle, check = append(keys, sub.fence.key), 0, sub.fence.value
 	}
+	defer sub.reclaimBegins()()
 	raw, err := autoClaimScript.Run(sub.ctx, sub.client, keys,
 		sub.cfg.ConsumerGroup, sub.cfg.Consumer, minIdle, cursor, n, check).Result()
 	if redis.HasErrorPrefix(err, "FENCED") {
@@ -36,6 +37,12 @@ func (sub *subscription) claimIdle(cursor string, n int) (used int, next string,
 		sub.reportTrimmed(id, "reclaim")
 	}
 	for i, xm := range claimed {
+		if sub.ours(xm.ID) {
+			// Taken back from ourselves: held, or acked with its XACK on
+			// its way (which removes it from the pending list again).
+			sub.release(1)
+			continue
+		}
 		sub.s.stats.reclaimed.Add(1)
 		sub.logger.Debug("reclaimed idle entry", "entry_id", xm.ID, "deliveries", counts[i])
 		sub.accept(xm, counts[i])

@@ -263,6 +263,74 @@ func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
 }
 
+// An entry is acked before its XACK reaches Redis (acks are batched, and
+// Redis may be slow). A reclaim that runs in between, on an entry idle for
+// ClaimIdle, takes the entry back into the subscription's own pending list:
+// that is not a new entry to hand out again.
+func TestSubscriber_AnAckOnItsWayIsNotReclaimedFromItself(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group = "orders", "billing"
+	client := testenv.NewRedisClient(t)
+	slowAcks := &xackGate{held: make(chan struct{}), arrived: make(chan struct{}, 1)}
+	client.AddHook(slowAcks)
+	cfg := e.fastSubscriberConfig(group) // ClaimIdle 1s, ClaimInterval 100ms
+	cfg.Client = client
+	sub := e.subscriber(cfg)
+	release := sync.OnceFunc(func() { close(slowAcks.held) })
+	t.Cleanup(release) // before the Subscriber's Close, which flushes acks
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	msgs := e.subscribe(sub, topic)
+	published := e.publish(e.publisher(), topic, 1)
+
+	msg := receive(t, msgs, 5*time.Second)
+	require.Equal(t, published[0].UUID, msg.UUID)
+	msg.Ack()
+	select {
+	case <-slowAcks.arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ack's XACK was never sent")
+	}
+	// The XACK is held past ClaimIdle and several reclaims.
+	select {
+	case m := <-msgs:
+		t.Fatalf("acked entry %s handed out again: reclaimed from this subscription while its XACK was on its way", m.UUID)
+	case <-time.After(2 * time.Second):
+	}
+	release()
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
+	select {
+	case m := <-msgs:
+		t.Fatalf("acked entry %s handed out again after its XACK", m.UUID)
+	case <-time.After(1500 * time.Millisecond):
+	}
+}
+
+// xackGate holds every XACK until held is closed, and signals the first.
+type xackGate struct {
+	held    chan struct{}
+	arrived chan struct{}
+}
+
+func (g *xackGate) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (g *xackGate) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if cmd.Name() == "xack" {
+			select {
+			case g.arrived <- struct{}{}:
+			default:
+			}
+			<-g.held
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *xackGate) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
 func TestSubscriber_UndecodableEntryGoesToDeadLetterStream(t *testing.T) {
 	t.Parallel()
 	forEachServer(t, testUndecodableEntryGoesToDeadLetterStream)

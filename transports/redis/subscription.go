@@ -61,11 +61,18 @@ type subscription struct {
 	fence *fence
 	done  chan struct{}
 
-	ackMu     sync.Mutex
-	acks      []string
-	ackSignal chan struct{}
-	ackStop   chan struct{}
-	ackDone   chan struct{}
+	ackMu sync.Mutex
+	acks  []string
+	// acked holds the ids acked here whose XACK is not confirmed yet, and,
+	// while a reclaim runs (reclaiming), those confirmed since it began
+	// (ackedLate): a reclaim that ran in Redis before an XACK returns the
+	// entry as if it were idle, and must not hand it out again.
+	acked      map[string]struct{}
+	ackedLate  []string
+	reclaiming bool
+	ackSignal  chan struct{}
+	ackStop    chan struct{}
+	ackDone    chan struct{}
 }
 
 // entry is a stream entry held by a subscription. Its mutable fields are
@@ -106,6 +113,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *
 		held:       make(map[string]*entry),
 		work:       make(chan *entry),
 		keys:       make(map[string][]*entry),
+		acked:      make(map[string]struct{}),
 		ackSignal:  make(chan struct{}, 1),
 		ackStop:    make(chan struct{}),
 		ackDone:    make(chan struct{}),
