@@ -20,7 +20,10 @@ func (sub *subscription) claimIdle(cursor string, n int) (used int, next string,
 	if sub.fence != nil {
 		keys, minIdle, check = append(keys, sub.fence.key), 0, sub.fence.value
 	}
-	defer sub.reclaimBegins()()
+	// Acks answered from here until the claimed entries are sorted out
+	// below may be of entries this reclaim takes back (ours).
+	ends := sub.reclaimBegins()
+	defer ends()
 	raw, err := autoClaimScript.Run(sub.ctx, sub.client, keys,
 		sub.cfg.ConsumerGroup, sub.cfg.Consumer, minIdle, cursor, n, check).Result()
 	if redis.HasErrorPrefix(err, "FENCED") {
