@@ -341,10 +341,11 @@ func (l *lazyTimer) arm(d time.Duration) {
 // fired records that the caller received from C.
 func (l *lazyTimer) fired() { l.armed = false }
 
+// stop disarms the timer. Since Go 1.23 (the module's go line is newer) a
+// receive from C after Stop blocks rather than get a stale value, so there
+// is nothing to drain.
 func (l *lazyTimer) stop() {
-	if l.armed && !l.t.Stop() {
-		<-l.t.C
-	}
+	l.t.Stop()
 	l.armed = false
 }
 
