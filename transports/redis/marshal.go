@@ -65,7 +65,9 @@ type Marshaler interface {
 	// Marshal returns the entry's fields as alternating names and values.
 	Marshal(topic string, msg *message.Message) ([]any, error)
 	// Unmarshal builds a message from an entry's fields. An error makes the
-	// entry a dead letter; it should wrap ErrUndecodable.
+	// entry a dead letter; it should wrap ErrUndecodable. With
+	// DefaultMarshaler the Subscriber decodes the same way from the fields
+	// as read, without building the map.
 	Unmarshal(fields map[string]any) (*message.Message, error)
 }
 
@@ -102,26 +104,45 @@ func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
 }
 
 // Unmarshal implements Marshaler.
-func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
-	uuid, ok := fields[FieldUUID].(string)
-	if !ok || uuid == "" {
+func (DefaultMarshaler) Unmarshal(m map[string]any) (*message.Message, error) {
+	f := make(fields, 0, 2*len(m))
+	for k, v := range m {
+		s, ok := v.(string)
+		switch {
+		case ok:
+			f = append(f, k, s)
+		case strings.HasPrefix(k, FieldMetadataPrefix):
+			return nil, fmt.Errorf("%w: field %q is %T, not a string", ErrUndecodable, k, v)
+		}
+		// A UUID or payload that is not a string is as good as absent.
+	}
+	return decodeFields(f)
+}
+
+// decodeFields is DefaultMarshaler's decoding of an entry's fields, where
+// a repeated name's last value counts.
+func decodeFields(f fields) (*message.Message, error) {
+	var uuid, payload string
+	hasPayload := false
+	for i := 0; i+1 < len(f); i += 2 {
+		switch f[i] {
+		case FieldUUID:
+			uuid = f[i+1]
+		case FieldPayload:
+			payload, hasPayload = f[i+1], true
+		}
+	}
+	if uuid == "" {
 		return nil, fmt.Errorf("%w: no %q field", ErrUndecodable, FieldUUID)
 	}
-	payload, ok := fields[FieldPayload].(string)
-	if !ok {
+	if !hasPayload {
 		return nil, fmt.Errorf("%w: no %q field", ErrUndecodable, FieldPayload)
 	}
 	msg := message.NewMessage(uuid, []byte(payload))
-	for k, v := range fields {
-		name, ok := strings.CutPrefix(k, FieldMetadataPrefix)
-		if !ok {
-			continue
+	for i := 0; i+1 < len(f); i += 2 {
+		if name, ok := strings.CutPrefix(f[i], FieldMetadataPrefix); ok {
+			msg.Metadata.Set(name, f[i+1])
 		}
-		s, ok := v.(string)
-		if !ok {
-			return nil, fmt.Errorf("%w: field %q is %T, not a string", ErrUndecodable, k, v)
-		}
-		msg.Metadata.Set(name, s)
 	}
 	return msg, nil
 }

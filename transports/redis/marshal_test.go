@@ -83,9 +83,10 @@ func edgeMessages() []*message.Message {
 }
 
 // TestCodec_EdgeMessagesRoundTripThroughRedis publishes edgeMessages with
-// the Publisher and reads them back with the Subscriber on both of its
-// decode paths: XREADGROUP, and the XAUTOCLAIM script (entries reclaimed
-// from a consumer that died).
+// the Publisher and reads them back with the Subscriber on each of its
+// decode paths: XREADGROUP through go-redis's typed command, XREADGROUP read
+// raw (every read after a full batch: batches of one here), and the
+// XAUTOCLAIM script (entries reclaimed from a consumer that died).
 func TestCodec_EdgeMessagesRoundTripThroughRedis(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -102,9 +103,13 @@ func TestCodec_EdgeMessagesRoundTripThroughRedis(t *testing.T) {
 	}).Result()
 	require.NoError(t, err)
 
-	for _, group := range []string{"read", "reclaim"} {
+	for _, group := range []string{"read", "read-raw", "reclaim"} {
 		t.Run(group, func(t *testing.T) {
-			sub := e.subscriber(e.fastSubscriberConfig(group))
+			cfg := e.fastSubscriberConfig(group)
+			if group == "read-raw" {
+				cfg.BatchSize = 1
+			}
+			sub := e.subscriber(cfg)
 			msgs := e.subscribe(sub, topic)
 			received := map[string]*message.Message{}
 			for range sent {

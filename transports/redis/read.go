@@ -31,6 +31,12 @@ func (sub *subscription) readLoop() {
 	}
 	cursor := "0-0"
 	readBackoff, claimBackoff := newBackoff(), newBackoff()
+	var acc *acceptor
+	if sub.fence == nil {
+		acc = sub.startAcceptor()
+		defer acc.stop()
+	}
+	full := false // the last read filled its batch: more is likely waiting
 	for sub.ctx.Err() == nil {
 		n := sub.acquire(sub.cfg.BatchSize)
 		if n == 0 {
@@ -42,6 +48,9 @@ func (sub *subscription) readLoop() {
 		default:
 		}
 		if claiming {
+			// A reclaim sorts out what it takes back against what the
+			// subscription holds: every entry read before it is accepted.
+			acc.sync()
 			used, next, err := sub.claimIdle(cursor, n)
 			n -= used
 			switch {
@@ -71,39 +80,116 @@ func (sub *subscription) readLoop() {
 			sub.readShard(n, readBackoff)
 			continue
 		}
-		block := sub.cfg.BlockTime
-		if claiming {
-			block = -1 // more to reclaim: do not wait for new entries
-		}
-		// The read runs to its end even when the subscription stops, so the
-		// entries it moves into our pending list are known and handed back.
-		res, err := sub.client.XReadGroup(context.WithoutCancel(sub.ctx), &redis.XReadGroupArgs{
-			Group:    sub.cfg.ConsumerGroup,
-			Consumer: sub.cfg.Consumer,
-			Streams:  []string{sub.stream, ">"},
-			Count:    int64(n),
-			Block:    block,
-		}).Result()
+		entries, err := sub.readNew(n, claiming, full)
 		if errors.Is(err, redis.Nil) {
 			sub.release(n)
 			readBackoff.reset()
+			full = false
 			continue
 		}
 		if err != nil {
 			sub.release(n)
 			sub.readFailed("read", err, readBackoff)
+			full = false
 			continue
 		}
 		readBackoff.reset()
-		got := 0
-		for _, xs := range res {
-			for _, xm := range xs.Messages {
-				got++
-				sub.accept(xm, 1)
-			}
-		}
-		sub.release(n - got)
+		full = len(entries) == n
+		acc.add(entries, n)
 	}
+}
+
+// readNew reads up to n new entries. After a full batch, or while there is
+// more to reclaim, it does not block; after a full batch it reads the reply
+// raw (see readRaw). The read runs to its end even when the subscription
+// stops, so the entries it moves into our pending list are known and handed
+// back.
+func (sub *subscription) readNew(n int, claiming, full bool) ([]streamEntry, error) {
+	ctx := context.WithoutCancel(sub.ctx)
+	if full {
+		return readRaw(ctx, sub.client, sub.cfg.ConsumerGroup, sub.cfg.Consumer, sub.stream, n)
+	}
+	block := sub.cfg.BlockTime
+	if claiming {
+		block = -1 // more to reclaim: do not wait for new entries
+	}
+	res, err := sub.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    sub.cfg.ConsumerGroup,
+		Consumer: sub.cfg.Consumer,
+		Streams:  []string{sub.stream, ">"},
+		Count:    int64(n),
+		Block:    block,
+	}).Result()
+	if err != nil {
+		return nil, err
+	}
+	var entries []streamEntry
+	for _, xs := range res {
+		for _, xm := range xs.Messages {
+			entries = append(entries, entryOf(xm))
+		}
+	}
+	return entries, nil
+}
+
+// acceptor accepts the entries of a subscription's reads in a goroutine of
+// its own, in the order read, so that the next read is under way while a
+// batch is decoded and handed out.
+type acceptor struct {
+	sub   *subscription
+	queue chan readBatch
+	done  chan struct{}
+}
+
+// readBatch is one read's entries and the slots it held: one for each entry,
+// the rest to release. A batch with synced set carries nothing: synced is
+// closed once every batch before it is accepted.
+type readBatch struct {
+	entries []streamEntry
+	slots   int
+	synced  chan struct{}
+}
+
+func (sub *subscription) startAcceptor() *acceptor {
+	a := &acceptor{sub: sub, queue: make(chan readBatch, 1), done: make(chan struct{})}
+	go a.run()
+	return a
+}
+
+func (a *acceptor) run() {
+	defer close(a.done)
+	for b := range a.queue {
+		if b.synced != nil {
+			close(b.synced)
+			continue
+		}
+		for _, e := range b.entries {
+			a.sub.accept(e, 1)
+		}
+		a.sub.release(b.slots - len(b.entries))
+	}
+}
+
+// add queues a read's entries.
+func (a *acceptor) add(entries []streamEntry, slots int) {
+	a.queue <- readBatch{entries: entries, slots: slots}
+}
+
+// sync returns once every batch added before it is accepted; a shard
+// subscription, which accepts as it reads, has no acceptor.
+func (a *acceptor) sync() {
+	if a == nil {
+		return
+	}
+	synced := make(chan struct{})
+	a.queue <- readBatch{synced: synced}
+	<-synced
+}
+
+// stop accepts what is queued and ends the acceptor.
+func (a *acceptor) stop() {
+	close(a.queue)
+	<-a.done
 }
 
 // readFailed logs err, recreates the group if it vanished, and waits before
@@ -125,27 +211,27 @@ func (sub *subscription) readFailed(op string, err error, b *backoff) {
 
 // accept takes over an entry read or claimed into our pending list; the
 // caller has taken a slot for it.
-func (sub *subscription) accept(xm redis.XMessage, count int64) {
-	if xm.Values == nil {
-		sub.reportTrimmed(xm.ID, "read")
+func (sub *subscription) accept(se streamEntry, count int64) {
+	if se.fields == nil {
+		sub.reportTrimmed(se.id, "read")
 		sub.release(1)
 		return
 	}
-	msg, err := sub.cfg.Marshaler.Unmarshal(xm.Values)
+	msg, err := sub.decode(se.fields)
 	if err != nil {
 		sub.s.stats.undecodable.Add(1)
 		sub.logger.Error("undecodable entry; moving it to the dead-letter stream",
-			"entry_id", xm.ID, "dead_letter_stream", sub.deadLetter, "error", err)
-		if err := sub.writeDeadLetter(xm.ID, xm.Values, DeadLetterReasonUndecodable, err.Error(), bus.ClassPermanent, count); err != nil {
+			"entry_id", se.id, "dead_letter_stream", sub.deadLetter, "error", err)
+		if err := sub.writeDeadLetter(se.id, se.fields, DeadLetterReasonUndecodable, err.Error(), bus.ClassPermanent, count); err != nil {
 			// Left pending: it is reclaimed and tried again after ClaimIdle.
-			sub.logger.Error("write dead letter", "entry_id", xm.ID, "error", err)
+			sub.logger.Error("write dead letter", "entry_id", se.id, "error", err)
 		} else {
-			sub.ack(xm.ID)
+			sub.ack(se.id)
 		}
 		sub.release(1)
 		return
 	}
-	e := &entry{id: xm.ID, fields: xm.Values, msg: msg, key: bus.PartitionKey(msg), count: count}
+	e := &entry{id: se.id, fields: se.fields, msg: msg, key: bus.PartitionKey(msg), count: count}
 
 	sub.mu.Lock()
 	e.touched = time.Now()
@@ -213,7 +299,7 @@ func (sub *subscription) readShard(n int, b *backoff) {
 		for _, xs := range streams {
 			for _, xm := range xs.Messages {
 				got++
-				sub.accept(xm, 1)
+				sub.accept(entryOf(xm), 1)
 			}
 		}
 	}

@@ -39,21 +39,21 @@ func (sub *subscription) claimIdle(cursor string, n int) (used int, next string,
 	for _, id := range trimmed {
 		sub.reportTrimmed(id, "reclaim")
 	}
-	for i, xm := range claimed {
-		if sub.ours(xm.ID) {
+	for i, se := range claimed {
+		if sub.ours(se.id) {
 			// Taken back from ourselves: held, or acked with its XACK on
 			// its way (which removes it from the pending list again).
 			sub.release(1)
 			continue
 		}
 		sub.s.stats.reclaimed.Add(1)
-		sub.logger.Debug("reclaimed idle entry", "entry_id", xm.ID, "deliveries", counts[i])
-		sub.accept(xm, counts[i])
+		sub.logger.Debug("reclaimed idle entry", "entry_id", se.id, "deliveries", counts[i])
+		sub.accept(se, counts[i])
 	}
 	return len(claimed), next, nil
 }
 
-func parseAutoClaim(raw any) (next string, msgs []redis.XMessage, counts []int64, trimmed []string, err error) {
+func parseAutoClaim(raw any) (next string, entries []streamEntry, counts []int64, trimmed []string, err error) {
 	bad := func(what string) error { return fmt.Errorf("unexpected XAUTOCLAIM reply: %s", what) }
 	parts, ok := raw.([]any)
 	if !ok || len(parts) < 3 {
@@ -62,25 +62,24 @@ func parseAutoClaim(raw any) (next string, msgs []redis.XMessage, counts []int64
 	if next, ok = parts[0].(string); !ok {
 		return "", nil, nil, nil, bad("cursor")
 	}
-	entries, _ := parts[1].([]any)
+	claimed, _ := parts[1].([]any)
 	cs, _ := parts[2].([]any)
-	if len(cs) != len(entries) {
+	if len(cs) != len(claimed) {
 		return "", nil, nil, nil, bad("counts")
 	}
-	for i, e := range entries {
+	for i, e := range claimed {
 		pair, ok := e.([]any)
 		if !ok || len(pair) != 2 {
 			return "", nil, nil, nil, bad("entry")
 		}
 		id, _ := pair[0].(string)
 		flat, _ := pair[1].([]any)
-		values := make(map[string]any, len(flat)/2)
+		f := make(fields, 0, len(flat))
 		for j := 0; j+1 < len(flat); j += 2 {
-			k, _ := flat[j].(string)
-			values[k] = flat[j+1]
+			f = append(f, fieldText(flat[j]), fieldText(flat[j+1]))
 		}
 		c, _ := cs[i].(int64)
-		msgs = append(msgs, redis.XMessage{ID: id, Values: values})
+		entries = append(entries, streamEntry{id: id, fields: f})
 		counts = append(counts, c)
 	}
 	if len(parts) > 3 {
@@ -91,7 +90,7 @@ func parseAutoClaim(raw any) (next string, msgs []redis.XMessage, counts []int64
 			}
 		}
 	}
-	return next, msgs, counts, trimmed, nil
+	return next, entries, counts, trimmed, nil
 }
 
 func (sub *subscription) reportTrimmed(id, op string) {

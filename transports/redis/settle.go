@@ -3,8 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -97,16 +95,16 @@ func (sub *subscription) giveUp(e *entry, st bus.Settlement) bool {
 
 // writeDeadLetter copies the entry id (its fields) to the dead-letter
 // stream with the reason fields, replacing any an earlier dead-lettering left.
-func (sub *subscription) writeDeadLetter(id string, fields map[string]any, reason, errText string, class bus.Class, deliveries int64) error {
+func (sub *subscription) writeDeadLetter(id string, f fields, reason, errText string, class bus.Class, deliveries int64) error {
 	if errText == "" {
 		errText = "given up"
 	}
-	values := make([]any, 0, 2*len(fields)+18)
-	for _, k := range slices.Sorted(maps.Keys(fields)) {
-		if strings.HasPrefix(k, FieldMetadataPrefix+bus.DeadLetterPrefix) {
+	values := make([]any, 0, len(f)+18)
+	for i := 0; i+1 < len(f); i += 2 {
+		if strings.HasPrefix(f[i], FieldMetadataPrefix+bus.DeadLetterPrefix) {
 			continue
 		}
-		values = append(values, k, fields[k])
+		values = append(values, f[i], f[i+1])
 	}
 	values = append(values,
 		FieldMetadataPrefix+KeyDeadLetterReason, reason,

@@ -242,6 +242,40 @@ func TestSubscriber_PlainNackRedeliversAfterNackDelayAndNeverDeadLetters(t *test
 	assert.Zero(t, n, "a plain nack must never dead-letter")
 }
 
+// A message's context carries its delivery while a handler runs, and ends
+// once the message is settled: work a handler left running on it stops.
+func TestSubscriber_AMessagesContextEndsWhenItIsSettled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic = "orders"
+	sub := e.subscriber(e.fastSubscriberConfig("billing"))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, 2)
+	msgs := e.subscribe(sub, topic)
+
+	for _, settle := range []func(*message.Message) bool{(*message.Message).Ack, (*message.Message).Nack} {
+		msg := receive(t, msgs, 5*time.Second)
+		ctx := msg.Context()
+		_, ok := bus.DeliveryFromContext(ctx)
+		require.True(t, ok, "the message's context carries no delivery")
+		require.NoError(t, ctx.Err(), "the context ended before the message was settled")
+		done := ctx.Done() // asked for before the settlement
+		settle(msg)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the message's context did not end when it was settled")
+		}
+		assert.ErrorIs(t, ctx.Err(), context.Canceled)
+		assert.ErrorIs(t, context.Cause(ctx), context.Canceled)
+		select {
+		case <-ctx.Done(): // asked for after it
+		default:
+			t.Error("a Done channel asked for after the settlement is open")
+		}
+	}
+}
+
 func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -80,7 +80,7 @@ type subscription struct {
 // goroutine handing the entry out touches.
 type entry struct {
 	id     string
-	fields map[string]any
+	fields fields
 	msg    *message.Message
 	key    string
 
