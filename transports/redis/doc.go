@@ -90,7 +90,11 @@
 // The Subscriber creates its consumer group at the start of the stream
 // (MKSTREAM) when missing, reads with XREADGROUP COUNT BatchSize, keeps up to
 // MaxInFlight entries out at once and acknowledges them with batched XACKs.
-// Delivery is at-least-once.
+// Delivery is at-least-once. A read that follows a full batch (a backlog)
+// does not block and is parsed by the transport from the raw reply; the
+// entries of each read are decoded and handed out in stream order while the
+// next read runs. A message's context carries its bus.Delivery and is done
+// (context.Canceled) once the message is acked or nacked.
 //
 // The pending list is the record of truth. The delivery count Redis keeps
 // there is the number of counted attempts plus one, and becomes
