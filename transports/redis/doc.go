@@ -94,7 +94,8 @@
 // does not block and is parsed by the transport from the raw reply; the
 // entries of each read are decoded and handed out in stream order while the
 // next read runs. A message's context carries its bus.Delivery and is done
-// (context.Canceled) once the message is acked or nacked.
+// (context.Canceled) once the message is acked or nacked, or the
+// subscription stops while it is out.
 //
 // The pending list is the record of truth. The delivery count Redis keeps
 // there is the number of counted attempts plus one, and becomes
