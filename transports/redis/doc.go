@@ -92,8 +92,8 @@
 // MaxInFlight entries out at once and acknowledges them with batched XACKs.
 // Delivery is at-least-once. A read that follows a full batch (a backlog)
 // does not block and is parsed by the transport from the raw reply; the
-// entries of each read are decoded and handed out in stream order while the
-// next read runs. A message's context carries its bus.Delivery and is done
+// entries of each read are decoded, in stream order, while the next read
+// runs. A message's context carries its bus.Delivery and is done
 // (context.Canceled) once the message is acked or nacked, or the
 // subscription stops while it is out.
 //
