@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -180,9 +181,10 @@ func (sub *subscription) finish(e *entry, drop bool) {
 type settledCtx struct {
 	context.Context
 
-	mu   sync.Mutex
-	done chan struct{}
-	err  error
+	mu    sync.Mutex
+	done  chan struct{}
+	err   error
+	after []*func() // AfterFunc's functions not yet run or stopped
 }
 
 func (c *settledCtx) Done() <-chan struct{} {
@@ -203,13 +205,44 @@ func (c *settledCtx) Err() error {
 	return c.err
 }
 
+// AfterFunc runs f in a goroutine of its own once the delivery is settled,
+// as context.AfterFunc does; stop reports whether it kept f from running.
+// The context package uses it for the contexts derived from this one
+// (context.WithCancel, WithTimeout, AfterFunc), which would otherwise each
+// start a goroutine that waits for Done.
+func (c *settledCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	p := &f
+	c.after = append(c.after, p)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		i := slices.Index(c.after, p)
+		if i < 0 {
+			return false
+		}
+		c.after = slices.Delete(c.after, i, i+1)
+		return true
+	}
+}
+
 func (c *settledCtx) settle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = context.Canceled
-		if c.done != nil {
-			close(c.done)
-		}
+	if c.err != nil {
+		return
 	}
+	c.err = context.Canceled
+	if c.done != nil {
+		close(c.done)
+	}
+	for _, f := range c.after {
+		go (*f)()
+	}
+	c.after = nil
 }

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -274,6 +277,70 @@ func TestSubscriber_AMessagesContextEndsWhenItIsSettled(t *testing.T) {
 			t.Error("a Done channel asked for after the settlement is open")
 		}
 	}
+}
+
+// Contexts derived from a message's context (a Timeout middleware's, a
+// handler's context.WithCancel or context.AfterFunc) end with it, and
+// deriving them starts no goroutine that waits for it to end.
+func TestSubscriber_ContextsDerivedFromAMessagesEndWithItWithoutAGoroutineEach(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic = "orders"
+	sub := e.subscriber(e.fastSubscriberConfig("billing"))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, 1)
+	msg := receive(t, e.subscribe(sub, topic), 5*time.Second)
+
+	const derived = 200
+	watchers := cancelWatchers() // other tests' own, if any
+	children := make([]context.Context, 0, derived)
+	var ran atomic.Int32
+	stopped := context.AfterFunc(msg.Context(), func() { t.Error("a stopped AfterFunc ran") })
+	for i := range derived {
+		var child context.Context
+		var cancel context.CancelFunc
+		switch i % 3 {
+		case 0:
+			child, cancel = context.WithTimeout(msg.Context(), time.Hour)
+		case 1:
+			child, cancel = context.WithCancel(msg.Context())
+		default:
+			context.AfterFunc(msg.Context(), func() { ran.Add(1) })
+			continue
+		}
+		t.Cleanup(cancel)
+		children = append(children, child)
+	}
+	assert.Less(t, cancelWatchers()-watchers, derived/4,
+		"deriving %d contexts from a message's started a goroutine for each that waits for it", derived)
+	assert.True(t, stopped(), "an AfterFunc could not be stopped before the message was settled")
+
+	msg.Ack()
+	for i, child := range children {
+		select {
+		case <-child.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("derived context %d did not end when the message was settled", i)
+		}
+		assert.ErrorIs(t, child.Err(), context.Canceled)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return int(ran.Load()) == derived/3 },
+		"AfterFuncs of a message's context did not all run when it was settled")
+}
+
+// cancelWatchers counts the goroutines the context package started to pass
+// a parent's end on to a derived context (for parents it cannot register
+// with).
+func cancelWatchers() int {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	n := 0
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(g, "context.(*cancelCtx).propagateCancel") {
+			n++
+		}
+	}
+	return n
 }
 
 func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
