@@ -249,13 +249,7 @@ func TestSubscriber_PlainNackRedeliversAfterNackDelayAndNeverDeadLetters(t *test
 // once the message is settled: work a handler left running on it stops.
 func TestSubscriber_AMessagesContextEndsWhenItIsSettled(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	const topic = "orders"
-	sub := e.subscriber(e.fastSubscriberConfig("billing"))
-	require.NoError(t, sub.SubscribeInitialize(topic))
-	e.publish(e.publisher(), topic, 2)
-	msgs := e.subscribe(sub, topic)
-
+	msgs := subscribeTo(t, 2)
 	for _, settle := range []func(*message.Message) bool{(*message.Message).Ack, (*message.Message).Nack} {
 		msg := receive(t, msgs, 5*time.Second)
 		ctx := msg.Context()
@@ -284,12 +278,7 @@ func TestSubscriber_AMessagesContextEndsWhenItIsSettled(t *testing.T) {
 // deriving them starts no goroutine that waits for it to end.
 func TestSubscriber_ContextsDerivedFromAMessagesEndWithItWithoutAGoroutineEach(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	const topic = "orders"
-	sub := e.subscriber(e.fastSubscriberConfig("billing"))
-	require.NoError(t, sub.SubscribeInitialize(topic))
-	e.publish(e.publisher(), topic, 1)
-	msg := receive(t, e.subscribe(sub, topic), 5*time.Second)
+	msg := receive(t, subscribeTo(t, 1), 5*time.Second)
 
 	const derived = 200
 	watchers := cancelWatchers() // other tests' own, if any
@@ -326,6 +315,17 @@ func TestSubscriber_ContextsDerivedFromAMessagesEndWithItWithoutAGoroutineEach(t
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool { return int(ran.Load()) == derived/3 },
 		"AfterFuncs of a message's context did not all run when it was settled")
+}
+
+// subscribeTo publishes n messages to a topic of its own and subscribes to
+// it with the fast test settings.
+func subscribeTo(t *testing.T, n int) <-chan *message.Message {
+	e := newEnv(t)
+	const topic = "orders"
+	sub := e.subscriber(e.fastSubscriberConfig("billing"))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, n)
+	return e.subscribe(sub, topic)
 }
 
 // cancelWatchers counts the goroutines the context package started to pass
