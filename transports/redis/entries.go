@@ -43,8 +43,16 @@ func fieldText(v any) string {
 	return fmt.Sprint(v)
 }
 
-func entryOf(xm redis.XMessage) streamEntry {
-	return streamEntry{id: xm.ID, fields: fieldsOf(xm.Values)}
+// entriesOf turns the reply of go-redis's typed XREADGROUP into entries,
+// in stream order.
+func entriesOf(res []redis.XStream) []streamEntry {
+	var entries []streamEntry
+	for _, xs := range res {
+		for _, xm := range xs.Messages {
+			entries = append(entries, streamEntry{id: xm.ID, fields: fieldsOf(xm.Values)})
+		}
+	}
+	return entries
 }
 
 // asMap is the map a Marshaler's Unmarshal takes.

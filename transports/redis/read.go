@@ -123,13 +123,7 @@ func (sub *subscription) readNew(n int, claiming, full bool) ([]streamEntry, err
 	if err != nil {
 		return nil, err
 	}
-	var entries []streamEntry
-	for _, xs := range res {
-		for _, xm := range xs.Messages {
-			entries = append(entries, entryOf(xm))
-		}
-	}
-	return entries, nil
+	return entriesOf(res), nil
 }
 
 // acceptor accepts the entries of a subscription's reads in a goroutine of
@@ -294,15 +288,14 @@ func (sub *subscription) readShard(n int, b *backoff) {
 		return
 	}
 	b.reset()
-	got := 0
+	var entries []streamEntry
 	if streams, err := read.Result(); err == nil {
-		for _, xs := range streams {
-			for _, xm := range xs.Messages {
-				got++
-				sub.accept(entryOf(xm), 1)
-			}
-		}
+		entries = entriesOf(streams)
 	}
+	for _, e := range entries {
+		sub.accept(e, 1)
+	}
+	got := len(entries)
 	sub.release(n - got)
 	if got > 0 {
 		return
