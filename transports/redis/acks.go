@@ -12,7 +12,6 @@ import (
 func (sub *subscription) ack(id string) {
 	sub.ackMu.Lock()
 	sub.acks = append(sub.acks, id)
-	sub.acked[id] = struct{}{}
 	sub.ackMu.Unlock()
 	select {
 	case sub.ackSignal <- struct{}{}:
@@ -67,10 +66,7 @@ func (sub *subscription) ackLoop() {
 
 func (sub *subscription) flushAcks() error {
 	for {
-		sub.ackMu.Lock()
-		ids := sub.acks
-		sub.acks = nil
-		sub.ackMu.Unlock()
+		ids := sub.takeAcks()
 		if len(ids) == 0 {
 			return nil
 		}
@@ -95,24 +91,32 @@ func (sub *subscription) flushAcks() error {
 		if err != nil {
 			sub.ackMu.Lock()
 			sub.acks = append(ids, sub.acks...)
+			sub.sending = nil
 			sub.ackMu.Unlock()
 			return fmt.Errorf("ack %d entries of stream %q: %w", len(ids), sub.stream, err)
 		}
 	}
 }
 
-// ackConfirmed forgets acked ids whose XACK Redis has answered (or refused
-// for good): a reclaim that begins from now on cannot return them. A reclaim
-// already running may, so it forgets them when it ends.
+// takeAcks returns the queued acks for an XACK, and keeps them as being
+// sent until ackConfirmed (or a failure queues them again).
+func (sub *subscription) takeAcks() []string {
+	sub.ackMu.Lock()
+	defer sub.ackMu.Unlock()
+	ids := sub.acks
+	sub.acks, sub.sending = nil, ids
+	return ids
+}
+
+// ackConfirmed forgets the acks being sent, whose XACK Redis has answered
+// (or refused for good): a reclaim that begins from now on cannot return
+// them. A reclaim already running may, so it keeps them until it ends.
 func (sub *subscription) ackConfirmed(ids []string) {
 	sub.ackMu.Lock()
 	defer sub.ackMu.Unlock()
+	sub.sending = nil
 	if sub.reclaiming {
 		sub.ackedLate = append(sub.ackedLate, ids...)
-		return
-	}
-	for _, id := range ids {
-		delete(sub.acked, id)
 	}
 }
 
@@ -126,27 +130,51 @@ func (sub *subscription) reclaimBegins() (ends func()) {
 		sub.ackMu.Lock()
 		defer sub.ackMu.Unlock()
 		sub.reclaiming = false
-		for _, id := range sub.ackedLate {
-			delete(sub.acked, id)
-		}
 		sub.ackedLate = nil
 	}
 }
 
-// ours reports whether a reclaimed entry is one this subscription holds or
-// has acked, taken back from itself. It looks at held first: an entry leaves
-// held only after its ack is queued, so it is in one or the other.
-func (sub *subscription) ours(id string) bool {
+// ours reports which of ids (entries a reclaim took) this subscription
+// holds or has acked, taken back from itself. It looks at held first: an
+// entry leaves held only after its ack is queued, so it is in one or the
+// other, provided the acks are looked at after held. They are gathered once
+// per call, and only when some id is not held: acks are many and reclaims
+// rare, so an ack pays for no index of its own.
+func (sub *subscription) ours(ids []string) []bool {
+	mine := make([]bool, len(ids))
+	all := true
 	sub.mu.Lock()
-	_, held := sub.held[id]
-	sub.mu.Unlock()
-	if held {
-		return true
+	for i, id := range ids {
+		_, mine[i] = sub.held[id]
+		all = all && mine[i]
 	}
+	sub.mu.Unlock()
+	if all {
+		return mine
+	}
+	acked := sub.unconfirmedAcks()
+	for i, id := range ids {
+		if !mine[i] {
+			_, mine[i] = acked[id]
+		}
+	}
+	return mine
+}
+
+// unconfirmedAcks returns the ids acked here whose XACK is not confirmed
+// yet (queued or being sent), and, while a reclaim runs, those confirmed
+// since it began: a reclaim that ran in Redis before an XACK returns the
+// entry as if it were idle, and must not hand it out again.
+func (sub *subscription) unconfirmedAcks() map[string]struct{} {
 	sub.ackMu.Lock()
 	defer sub.ackMu.Unlock()
-	_, acked := sub.acked[id]
-	return acked
+	m := make(map[string]struct{}, len(sub.acks)+len(sub.sending)+len(sub.ackedLate))
+	for _, ids := range [][]string{sub.acks, sub.sending, sub.ackedLate} {
+		for _, id := range ids {
+			m[id] = struct{}{}
+		}
+	}
+	return m
 }
 
 // xack acknowledges ids: with XACK, or for a shard subscription only while

@@ -23,20 +23,26 @@ func TestAcked_AnEntryIsOursUntilAReclaimCanNoLongerReturnIt(t *testing.T) {
 	sub := newSubscription(context.Background(), s, "orders", "orders")
 	t.Cleanup(sub.cancel)
 
+	ours := func(id string) bool { return sub.ours([]string{id})[0] }
+
 	sub.held["1-0"] = &entry{id: "1-0"}
-	assert.True(t, sub.ours("1-0"), "a held entry")
-	assert.False(t, sub.ours("9-0"), "an entry never seen")
+	assert.True(t, ours("1-0"), "a held entry")
+	assert.False(t, ours("9-0"), "an entry never seen")
+	assert.Equal(t, []bool{true, false}, sub.ours([]string{"1-0", "9-0"}), "several at once")
 
 	sub.ack("2-0")
-	assert.True(t, sub.ours("2-0"), "acked, its XACK not answered")
-	sub.ackConfirmed([]string{"2-0"})
-	assert.False(t, sub.ours("2-0"), "XACK answered with no reclaim running")
+	assert.True(t, ours("2-0"), "acked, queued for its XACK")
+	ids := sub.takeAcks()
+	assert.True(t, ours("2-0"), "acked, its XACK on its way")
+	sub.ackConfirmed(ids)
+	assert.False(t, ours("2-0"), "XACK answered with no reclaim running")
 
 	sub.ack("3-0")
+	ids = sub.takeAcks()
 	ends := sub.reclaimBegins()
-	sub.ackConfirmed([]string{"3-0"})
-	assert.True(t, sub.ours("3-0"), "XACK answered while a reclaim runs that may have returned it")
+	sub.ackConfirmed(ids)
+	assert.True(t, ours("3-0"), "XACK answered while a reclaim runs that may have returned it")
 	ends()
-	assert.False(t, sub.ours("3-0"), "after that reclaim")
-	assert.Empty(t, sub.acked, "nothing kept once every XACK is answered and no reclaim runs")
+	assert.False(t, ours("3-0"), "after that reclaim")
+	assert.Empty(t, sub.unconfirmedAcks(), "nothing kept once every XACK is answered and no reclaim runs")
 }

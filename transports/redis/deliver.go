@@ -1,149 +1,284 @@
 package redis
 
 import (
-	"context"
-	"slices"
-	"sync"
+	"runtime"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/omnibus-go/omnibus/bus"
 )
 
-// start hands e to an idle worker, or to a new one. Workers outlive their
-// entries so that a busy subscription does not pay for a fresh goroutine
-// (and its stack growth) per message; there are at most MaxInFlight.
+// Entries are handed out without a goroutine per message:
+//   - start queues an entry on sub.ready;
+//   - the deliverer, one goroutine, hands queued entries out on sub.out in
+//     the order they were started and passes each delivery to the settler;
+//   - the settler, one goroutine, notices acks and nacks. It waits on the
+//     oldest delivery out and, once woken, looks at all of them without
+//     waiting. A delivery out for longer than detachAfter gets a goroutine
+//     of its own that waits for it, so a slow handler delays the noticing
+//     of other deliveries' acks by at most that long.
+//
+// A nacked delivery waits for its retry in a goroutine of its own, which
+// queues the entry again when the retry is due.
+
+// detachAfter is how long the settler waits on the oldest delivery before
+// leaving it to a goroutine of its own.
+const detachAfter = time.Millisecond
+
+// delivery is an entry handed out: the message and its context.
+type delivery struct {
+	e   *entry
+	msg *message.Message
+	ctx *bus.SettledContext
+	at  time.Time
+}
+
+// start queues e to be handed out. It never blocks: every entry started and
+// not finished holds one of the MaxInFlight slots, and sub.ready has room
+// for as many.
 func (sub *subscription) start(e *entry) {
-	select {
-	case sub.work <- e:
-	default:
-		sub.msgs.Add(1)
-		go sub.worker(e)
-	}
+	sub.ready <- e
 }
 
-func (sub *subscription) worker(e *entry) {
+// deliverLoop hands queued entries out until the subscription stops.
+func (sub *subscription) deliverLoop() {
 	defer sub.msgs.Done()
-	quit := sub.newQuit()
+	defer close(sub.delivererDone)
+	done := sub.ctx.Done()
 	for {
-		sub.handle(e, quit)
 		select {
-		case e = <-sub.work:
-		case <-quit:
-			return
+		case e := <-sub.ready:
+			if d := sub.deliver(e); d != nil {
+				sub.handedOut(d)
+			}
+		case <-done:
+			for {
+				select {
+				case e := <-sub.ready:
+					sub.finish(e, false)
+				default:
+					return
+				}
+			}
 		}
 	}
 }
 
-// newQuit returns a channel of the calling worker's own that is closed when
-// the subscription stops. Workers wait on it rather than on sub.ctx.Done():
-// a channel that every worker selects on for every message is a lock they
-// all contend for.
-func (sub *subscription) newQuit() chan struct{} {
-	q := make(chan struct{})
-	sub.quitMu.Lock()
-	defer sub.quitMu.Unlock()
-	if sub.quitting {
-		close(q)
-	} else {
-		sub.quits = append(sub.quits, q)
+// deliver hands e out and returns its delivery, or nil when e is not handed
+// out: lost to another consumer, or the subscription stopping.
+func (sub *subscription) deliver(e *entry) *delivery {
+	sub.mu.Lock()
+	lost := e.lost
+	sub.mu.Unlock()
+	if lost {
+		sub.finish(e, true)
+		return nil
 	}
-	return q
-}
-
-// quit closes the workers' quit channels; it runs once sub.ctx is done.
-func (sub *subscription) quit() {
-	sub.quitMu.Lock()
-	defer sub.quitMu.Unlock()
-	sub.quitting = true
-	for _, q := range sub.quits {
-		close(q)
+	if sub.ctx.Err() != nil {
+		sub.finish(e, false)
+		return nil
 	}
-	sub.quits = nil
-}
 
-// handle hands e out until it is acked, dead-lettered, lost to another
-// consumer, or the subscription stops.
-func (sub *subscription) handle(e *entry, quit <-chan struct{}) {
-	for {
-		sub.mu.Lock()
-		lost := e.lost
-		sub.mu.Unlock()
-		if lost {
-			sub.finish(e, true)
-			return
+	now := time.Now()
+	if e.first.IsZero() {
+		e.first = now
+	}
+	// A message is acked or nacked once, and a handler may have changed it:
+	// every redelivery gets a fresh one, decoded again.
+	msg := e.msg
+	if e.delivered {
+		if fresh, err := sub.decode(e.fields); err == nil {
+			msg = fresh
+		} else {
+			msg = e.msg.Copy()
 		}
+	}
+	e.delivered = true
+	// Every way out settles the context, the subscription stopping included,
+	// so it need not be tied to sub.ctx's cancellation (which costs a
+	// registration per message).
+	msgCtx := bus.NewSettledContext(sub.values, bus.Delivery{
+		Attempts:         int(max(e.count-1, 0)),
+		FirstDeliveredAt: e.first,
+		DeliveredAt:      now,
+		Source:           sub.stream,
+		Topic:            sub.topic,
+		ID:               e.id,
+		DeadLetter:       sub.deadLetter,
+	})
+	msg.SetContext(msgCtx)
+
+	if !sub.fence.valid() {
+		// The shard is no longer surely ours: its next owner delivers the
+		// entry (DESIGN: a handoff is checked against the lease).
+		msgCtx.Settle()
+		sub.fenced()
+		sub.finish(e, false)
+		return nil
+	}
+	select {
+	case sub.out <- msg:
+	case <-sub.ctx.Done():
+		msgCtx.Settle()
+		sub.finish(e, false)
+		return nil
+	}
+	sub.s.stats.delivered.Add(1)
+	return &delivery{e: e, msg: msg, ctx: msgCtx, at: now}
+}
+
+// handedOut passes d to the settler, waking it when it has nothing out.
+func (sub *subscription) handedOut(d *delivery) {
+	sub.outMu.Lock()
+	sub.outNew = append(sub.outNew, d)
+	wake := sub.settlerIdle
+	sub.settlerIdle = false
+	sub.outMu.Unlock()
+	if wake {
 		select {
-		case <-quit:
-			sub.finish(e, false)
-			return
+		case sub.settlerWake <- struct{}{}:
 		default:
 		}
+	}
+}
 
-		now := time.Now()
-		if e.first.IsZero() {
-			e.first = now
-		}
-		// A message is acked or nacked once, and a handler may have changed
-		// it: every redelivery gets a fresh one, decoded again.
-		msg := e.msg
-		if e.delivered {
-			if fresh, err := sub.decode(e.fields); err == nil {
-				msg = fresh
-			} else {
-				msg = e.msg.Copy()
+// settleLoop notices the deliveries' acks and nacks until the subscription
+// stops; then it ends the deliveries still out, which stay held and are
+// handed back.
+func (sub *subscription) settleLoop() {
+	defer sub.msgs.Done()
+	var out []*delivery // oldest first
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var timed *delivery // the delivery the timer is set for
+	done := sub.ctx.Done()
+	for {
+		out = sub.sweep(sub.takeHandedOut(out))
+		if len(out) == 0 {
+			if !sub.settlerWaits() {
+				continue
 			}
-		}
-		e.delivered = true
-		// Every way out of this iteration settles the context, the
-		// subscription stopping included, so it need not be tied to sub.ctx's
-		// cancellation (which costs a registration per message).
-		msgCtx := &settledCtx{Context: bus.WithDelivery(sub.values, bus.Delivery{
-			Attempts:         int(max(e.count-1, 0)),
-			FirstDeliveredAt: e.first,
-			DeliveredAt:      now,
-			Source:           sub.stream,
-			Topic:            sub.topic,
-			ID:               e.id,
-			DeadLetter:       sub.deadLetter,
-		})}
-		msg.SetContext(msgCtx)
-
-		if !sub.fence.valid() {
-			// The shard is no longer surely ours: its next owner delivers
-			// the entry (DESIGN: a handoff is checked against the lease).
-			msgCtx.settle()
-			sub.fenced()
-			sub.finish(e, false)
-			return
-		}
-		select {
-		case sub.out <- msg:
-		case <-quit:
-			msgCtx.settle()
-			sub.finish(e, false)
-			return
-		}
-		sub.s.stats.delivered.Add(1)
-
-		select {
-		case <-msg.Acked():
-			msgCtx.settle()
-			sub.s.stats.acked.Add(1)
-			sub.ack(e.id)
-			sub.finish(e, true)
-			return
-		case <-msg.Nacked():
-			msgCtx.settle()
-			sub.s.stats.nacked.Add(1)
-			st, ok := bus.SettlementFromContext(msgCtx)
-			if !sub.settle(e, st, ok) {
+			select {
+			case <-sub.settlerWake:
+				continue
+			case <-done:
+				sub.abandon(out)
 				return
 			}
-		case <-quit:
-			msgCtx.settle()
-			sub.finish(e, false)
+		}
+		// Yield once before waiting: the consumer and the handlers run
+		// meanwhile, and the second sweep finds their acks together.
+		// Without it a fast consumer woke the settler for nearly every
+		// message (docs/benchmarks.md, "One goroutine hands out").
+		runtime.Gosched()
+		if out = sub.sweep(out); len(out) == 0 {
+			continue
+		}
+		oldest := out[0]
+		if timed != oldest {
+			timer.Reset(max(detachAfter-time.Since(oldest.at), 0))
+			timed = oldest
+		}
+		select {
+		case <-oldest.msg.Acked():
+		case <-oldest.msg.Nacked():
+		case <-sub.settlerWake:
+		case <-timer.C:
+			timed = nil
+			for len(out) > 0 && time.Since(out[0].at) >= detachAfter {
+				sub.msgs.Add(1)
+				go sub.await(out[0])
+				out[0] = nil
+				out = out[1:]
+			}
+		case <-done:
+			sub.abandon(out)
 			return
 		}
+	}
+}
+
+// takeHandedOut appends the deliveries handed out since the last call to out.
+func (sub *subscription) takeHandedOut(out []*delivery) []*delivery {
+	sub.outMu.Lock()
+	defer sub.outMu.Unlock()
+	out = append(out, sub.outNew...)
+	clear(sub.outNew)
+	sub.outNew = sub.outNew[:0]
+	return out
+}
+
+// settlerWaits reports whether nothing was handed out since the last
+// takeHandedOut, and if so marks the settler as waiting for settlerWake.
+func (sub *subscription) settlerWaits() bool {
+	sub.outMu.Lock()
+	defer sub.outMu.Unlock()
+	sub.settlerIdle = len(sub.outNew) == 0
+	return sub.settlerIdle
+}
+
+// sweep settles the deliveries of out that are acked or nacked, without
+// waiting, and returns the others, oldest first.
+func (sub *subscription) sweep(out []*delivery) []*delivery {
+	kept := out[:0]
+	for _, d := range out {
+		select {
+		case <-d.msg.Acked():
+			sub.acked(d)
+		case <-d.msg.Nacked():
+			sub.msgs.Add(1)
+			go func() {
+				defer sub.msgs.Done()
+				sub.nacked(d)
+			}()
+		default:
+			kept = append(kept, d)
+		}
+	}
+	clear(out[len(kept):])
+	return kept
+}
+
+// abandon ends the deliveries out when the subscription stops, after the
+// deliverer has stopped handing out more.
+func (sub *subscription) abandon(out []*delivery) {
+	<-sub.delivererDone
+	for _, d := range sub.takeHandedOut(out) {
+		d.ctx.Settle()
+		sub.finish(d.e, false)
+	}
+}
+
+// await waits for one delivery's settlement in a goroutine of its own.
+func (sub *subscription) await(d *delivery) {
+	defer sub.msgs.Done()
+	select {
+	case <-d.msg.Acked():
+		sub.acked(d)
+	case <-d.msg.Nacked():
+		sub.nacked(d)
+	case <-sub.ctx.Done():
+		d.ctx.Settle()
+		sub.finish(d.e, false)
+	}
+}
+
+func (sub *subscription) acked(d *delivery) {
+	d.ctx.Settle()
+	sub.s.stats.acked.Add(1)
+	sub.ack(d.e.id)
+	sub.finish(d.e, true)
+}
+
+// nacked applies a nack's settlement: the entry is queued again when its
+// retry is due, or given up on.
+func (sub *subscription) nacked(d *delivery) {
+	d.ctx.Settle()
+	sub.s.stats.nacked.Add(1)
+	st, ok := bus.SettlementFromContext(d.ctx)
+	if sub.settle(d.e, st, ok) {
+		sub.start(d.e)
 	}
 }
 
@@ -168,81 +303,6 @@ func (sub *subscription) finish(e *entry, drop bool) {
 	sub.mu.Unlock()
 	sub.release(1)
 	if next != nil {
-		// Called from a worker, so msgs cannot reach zero here.
 		sub.start(next)
 	}
-}
-
-// settledCtx is a delivery's context: its parent carries the subscription's
-// values and the delivery, and it is done (context.Canceled) once the
-// delivery is settled, acked, nacked or abandoned as the subscription stops.
-// It costs one allocation, where context.WithCancel costs two, and makes its
-// done channel only for a caller who asks for it.
-type settledCtx struct {
-	context.Context
-
-	mu    sync.Mutex
-	done  chan struct{}
-	err   error
-	after []*func() // AfterFunc's functions not yet run or stopped
-}
-
-func (c *settledCtx) Done() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done == nil {
-		c.done = make(chan struct{})
-		if c.err != nil {
-			close(c.done)
-		}
-	}
-	return c.done
-}
-
-func (c *settledCtx) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
-
-// AfterFunc runs f in a goroutine of its own once the delivery is settled,
-// as context.AfterFunc does; stop reports whether it kept f from running.
-// The context package uses it for the contexts derived from this one
-// (context.WithCancel, WithTimeout, AfterFunc), which would otherwise each
-// start a goroutine that waits for Done.
-func (c *settledCtx) AfterFunc(f func()) (stop func() bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		go f()
-		return func() bool { return false }
-	}
-	p := &f
-	c.after = append(c.after, p)
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		i := slices.Index(c.after, p)
-		if i < 0 {
-			return false
-		}
-		c.after = slices.Delete(c.after, i, i+1)
-		return true
-	}
-}
-
-func (c *settledCtx) settle() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return
-	}
-	c.err = context.Canceled
-	if c.done != nil {
-		close(c.done)
-	}
-	for _, f := range c.after {
-		go (*f)()
-	}
-	c.after = nil
 }

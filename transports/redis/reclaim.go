@@ -39,8 +39,13 @@ func (sub *subscription) claimIdle(cursor string, n int) (used int, next string,
 	for _, id := range trimmed {
 		sub.reportTrimmed(id, "reclaim")
 	}
+	ids := make([]string, len(claimed))
 	for i, se := range claimed {
-		if sub.ours(se.id) {
+		ids[i] = se.id
+	}
+	ours := sub.ours(ids)
+	for i, se := range claimed {
+		if ours[i] {
 			// Taken back from ourselves: held, or acked with its XACK on
 			// its way (which removes it from the pending list again).
 			sub.release(1)

@@ -364,6 +364,60 @@ func TestSubscriber_SlowHandlerKeepsItsEntry(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
 }
 
+// One subscription hands its entries out in stream order, however many are
+// in flight (one goroutine hands out; see deliver.go), when none is nacked.
+func TestSubscriber_HandsEntriesOutInStreamOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, n = "orders", 3000
+	sub := e.subscriber(e.fastSubscriberConfig("billing"))
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	pub := e.publisher()
+	var want []string
+	for chunk := range 30 {
+		msgs := make([]*message.Message, n/30)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(chunk*len(msgs)+i)))
+			want = append(want, string(msgs[i].Payload))
+		}
+		require.NoError(t, pub.Publish(topic, msgs...))
+	}
+	got := make([]string, 0, n)
+	msgs := e.subscribe(sub, topic)
+	for len(got) < n {
+		msg := receive(t, msgs, 10*time.Second)
+		got = append(got, string(msg.Payload))
+		go msg.Ack() // as a router does
+	}
+	for i := range want {
+		require.Equal(t, want[i], got[i], "message %d of %d out of stream order", i, n)
+	}
+}
+
+// A message whose handler takes long does not hold back the others: their
+// acks are noticed, their slots freed and their entries acknowledged while
+// it is still out.
+func TestSubscriber_ASlowMessageDoesNotHoldBackTheOthersAcks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const topic, group, n = "orders", "billing", 40
+	cfg := e.fastSubscriberConfig(group)
+	cfg.MaxInFlight = 4
+	sub := e.subscriber(cfg)
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	e.publish(e.publisher(), topic, n)
+	msgs := e.subscribe(sub, topic)
+
+	slow := receive(t, msgs, 5*time.Second)
+	for range n - 1 {
+		receive(t, msgs, 5*time.Second).Ack()
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 1 },
+		"the others' entries acknowledged while the slow one is out")
+	slow.Ack()
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.pending(e.prefix+topic, group) == 0 }, "acked entry still pending")
+}
+
 // An entry is acked before its XACK reaches Redis (acks are batched, and
 // Redis may be slow). A reclaim that runs in between, on an entry idle for
 // ClaimIdle, takes the entry back into the subscription's own pending list:

@@ -48,12 +48,14 @@ type subscription struct {
 	keys map[string][]*entry // OrderByKey: keys with an entry out, and the entries queued behind it
 
 	loops sync.WaitGroup // reader, toucher
-	msgs  sync.WaitGroup // workers
-	work  chan *entry    // entries for idle workers
+	msgs  sync.WaitGroup // deliverer, settler, and goroutines waiting for a delivery or a retry
+	ready chan *entry    // entries to hand out (see deliver.go); capacity MaxInFlight
 
-	quitMu   sync.Mutex
-	quits    []chan struct{} // one per worker, closed when the subscription stops
-	quitting bool
+	delivererDone chan struct{}
+	outMu         sync.Mutex
+	outNew        []*delivery // handed out, not yet taken by the settler
+	settlerIdle   bool        // the settler has nothing out and waits for settlerWake
+	settlerWake   chan struct{}
 
 	// fence is the lease of a shard subscription (Shards > 1), nil
 	// otherwise; done is closed when a shard subscription has stopped (its
@@ -62,12 +64,12 @@ type subscription struct {
 	done  chan struct{}
 
 	ackMu sync.Mutex
-	acks  []string
-	// acked holds the ids acked here whose XACK is not confirmed yet, and,
-	// while a reclaim runs (reclaiming), those confirmed since it began
-	// (ackedLate): a reclaim that ran in Redis before an XACK returns the
-	// entry as if it were idle, and must not hand it out again.
-	acked      map[string]struct{}
+	acks  []string // acked here, queued for the next XACK
+	// sending is the acks of the XACK on its way, and ackedLate those
+	// confirmed while a reclaim runs (reclaiming): a reclaim that ran in
+	// Redis before an XACK returns the entry as if it were idle, and must
+	// not hand it out again (see unconfirmedAcks).
+	sending    []string
 	ackedLate  []string
 	reclaiming bool
 	ackSignal  chan struct{}
@@ -98,25 +100,26 @@ type entry struct {
 func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *subscription {
 	ctx, cancel := context.WithCancel(ctx)
 	return &subscription{
-		s:          s,
-		cfg:        &s.cfg,
-		client:     s.client,
-		logger:     s.logger.With("topic", topic, "stream", stream),
-		topic:      topic,
-		stream:     stream,
-		deadLetter: s.cfg.deadLetterStream(stream),
-		ctx:        ctx,
-		values:     context.WithoutCancel(ctx),
-		cancel:     cancel,
-		out:        make(chan *message.Message),
-		slots:      make(chan struct{}, s.cfg.MaxInFlight),
-		held:       make(map[string]*entry),
-		work:       make(chan *entry),
-		keys:       make(map[string][]*entry),
-		acked:      make(map[string]struct{}),
-		ackSignal:  make(chan struct{}, 1),
-		ackStop:    make(chan struct{}),
-		ackDone:    make(chan struct{}),
+		s:             s,
+		cfg:           &s.cfg,
+		client:        s.client,
+		logger:        s.logger.With("topic", topic, "stream", stream),
+		topic:         topic,
+		stream:        stream,
+		deadLetter:    s.cfg.deadLetterStream(stream),
+		ctx:           ctx,
+		values:        context.WithoutCancel(ctx),
+		cancel:        cancel,
+		out:           make(chan *message.Message),
+		slots:         make(chan struct{}, s.cfg.MaxInFlight),
+		held:          make(map[string]*entry),
+		ready:         make(chan *entry, s.cfg.MaxInFlight),
+		delivererDone: make(chan struct{}),
+		settlerWake:   make(chan struct{}, 1),
+		keys:          make(map[string][]*entry),
+		ackSignal:     make(chan struct{}, 1),
+		ackStop:       make(chan struct{}),
+		ackDone:       make(chan struct{}),
 	}
 }
 
@@ -128,10 +131,12 @@ func (sub *subscription) run() {
 	}
 	stop := context.AfterFunc(sub.s.closeCtx, sub.cancel)
 	defer stop()
-	context.AfterFunc(sub.ctx, sub.quit)
 	defer sub.cancel()
 
 	go sub.ackLoop()
+	sub.msgs.Add(2)
+	go sub.deliverLoop()
+	go sub.settleLoop()
 	sub.loops.Add(2)
 	go sub.readLoop()
 	go sub.touchLoop()
