@@ -31,13 +31,16 @@ const (
 	DefaultMaxEntryBytes = 512 << 20
 
 	// DefaultBatchSize is the COUNT of each XREADGROUP and XAUTOCLAIM.
-	DefaultBatchSize = 100
+	// A backlog is read in fewer round trips with larger batches
+	// (docs/benchmarks.md, "One goroutine hands out").
+	DefaultBatchSize = 250
 	// DefaultBlockTime is how long one XREADGROUP waits for new entries. It
 	// also bounds how long Close waits for a blocked read to return.
 	DefaultBlockTime = time.Second
 	// DefaultMaxInFlight is how many entries a subscription holds at once:
 	// handed to handlers, waiting behind their key or waiting for a retry.
-	DefaultMaxInFlight = 256
+	// Twice BatchSize, so that the next read can run while a batch is out.
+	DefaultMaxInFlight = 512
 	// DefaultClaimIdle is how long an entry must sit unacknowledged in another
 	// consumer's pending list before it is reclaimed.
 	DefaultClaimIdle = 30 * time.Second
