@@ -93,8 +93,16 @@
 // Delivery is at-least-once. A read that follows a full batch (a backlog)
 // does not block and is parsed by the transport from the raw reply; the
 // entries of each read are decoded, in stream order, while the next read
-// runs. A message's context carries its bus.Delivery and is done
-// (context.Canceled) once the message is acked or nacked, or the
+// runs. One goroutine hands the entries out on the messages channel as they
+// become ready: in stream order as read, except that a redelivery after a
+// nack, a reclaimed entry and (with OrderByKey) an entry that waited for an
+// earlier one of its key go behind those already waiting. Without nacks and
+// reclaims one subscription receives its stream in order
+// (TestSubscriber_HandsEntriesOutInStreamOrder). Another goroutine notices
+// acks and nacks, many at a time; a message whose handler takes longer than
+// a millisecond is waited for by a goroutine of its own, so it never holds
+// back the others' acks. A message's context carries its bus.Delivery and
+// is done (context.Canceled) once the message is acked or nacked, or the
 // subscription stops while it is out.
 //
 // The pending list is the record of truth. The delivery count Redis keeps
