@@ -26,7 +26,8 @@ import (
 // leaving it to a goroutine of its own.
 const detachAfter = time.Millisecond
 
-// delivery is an entry handed out: the message and its context.
+// delivery is an entry handed out: the message, its context and when the
+// consumer took it.
 type delivery struct {
 	e   *entry
 	msg *message.Message
@@ -125,7 +126,8 @@ func (sub *subscription) deliver(e *entry) *delivery {
 		return nil
 	}
 	sub.s.stats.delivered.Add(1)
-	return &delivery{e: e, msg: msg, ctx: msgCtx, at: now}
+	// Out from now: waiting for the consumer to take it does not count.
+	return &delivery{e: e, msg: msg, ctx: msgCtx, at: time.Now()}
 }
 
 // handedOut passes d to the settler, waking it when it has nothing out.
