@@ -54,6 +54,7 @@ type partitionWorker struct {
 	dlTopic   string // where this topic's records are dead-lettered ("" = nowhere)
 
 	ctx    context.Context
+	values context.Context // ctx's values without its cancellation: the base of each message's context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -95,6 +96,7 @@ func newPartitionWorker(sub *subscription, sess sarama.ConsumerGroupSession, cla
 		w.markedNext = off
 	}
 	w.ctx, w.cancel = context.WithCancel(sess.Context())
+	w.values = context.WithoutCancel(w.ctx)
 	return w
 }
 
@@ -309,8 +311,10 @@ func (w *partitionWorker) deliver(r *record) bool {
 		if first.IsZero() {
 			first = now
 		}
-		ctx, cancel := context.WithCancel(w.ctx)
-		ctx = bus.WithDelivery(ctx, bus.Delivery{
+		// The delivery's context ends when it is settled or the partition
+		// is released (every way out below settles it), without a
+		// registration with w.ctx per message.
+		ctx := bus.NewSettledContext(w.values, bus.Delivery{
 			Attempts:         attempts,
 			MaxAttempts:      w.cfg.MaxAttempts,
 			FirstDeliveredAt: first,
@@ -326,8 +330,8 @@ func (w *partitionWorker) deliver(r *record) bool {
 
 		select {
 		case w.sub.out <- msg:
-		case <-ctx.Done():
-			cancel()
+		case <-w.ctx.Done():
+			ctx.Settle()
 			return false
 		}
 		acked := false
@@ -335,8 +339,8 @@ func (w *partitionWorker) deliver(r *record) bool {
 		case <-msg.Acked():
 			acked = true
 		case <-msg.Nacked():
-		case <-ctx.Done():
-			cancel()
+		case <-w.ctx.Done():
+			ctx.Settle()
 			// An ack that raced with the release still counts: it is
 			// marked before the partition is let go.
 			select {
@@ -346,7 +350,7 @@ func (w *partitionWorker) deliver(r *record) bool {
 				return false
 			}
 		}
-		cancel() // the message is settled: its context ends
+		ctx.Settle() // the message is settled: its context ends
 		if acked {
 			return true
 		}
