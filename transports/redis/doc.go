@@ -100,10 +100,11 @@
 // reclaims one subscription receives its stream in order
 // (TestSubscriber_HandsEntriesOutInStreamOrder). Another goroutine notices
 // acks and nacks, many at a time; a message whose handler takes longer than
-// a millisecond is waited for by a goroutine of its own, so it never holds
-// back the others' acks. A message's context carries its bus.Delivery and
-// is done (context.Canceled) once the message is acked or nacked, or the
-// subscription stops while it is out.
+// a millisecond is waited for by a goroutine of its own, so it holds back
+// the noticing of the others' acks for at most that millisecond. A
+// message's context carries its bus.Delivery and is done (context.Canceled)
+// once the message is acked or nacked, or the subscription stops while it
+// is out.
 //
 // The pending list is the record of truth. The delivery count Redis keeps
 // there is the number of counted attempts plus one, and becomes
