@@ -247,8 +247,7 @@ func (sub *subscription) sweep(out []*delivery) []*delivery {
 func (sub *subscription) abandon(out []*delivery) {
 	<-sub.delivererDone
 	for _, d := range sub.takeHandedOut(out) {
-		d.ctx.Settle()
-		sub.finish(d.e, false)
+		sub.abandoned(d)
 	}
 }
 
@@ -261,9 +260,15 @@ func (sub *subscription) await(d *delivery) {
 	case <-d.msg.Nacked():
 		sub.nacked(d)
 	case <-sub.ctx.Done():
-		d.ctx.Settle()
-		sub.finish(d.e, false)
+		sub.abandoned(d)
 	}
+}
+
+// abandoned ends a delivery out when the subscription stops: the entry
+// stays held and is handed back.
+func (sub *subscription) abandoned(d *delivery) {
+	d.ctx.Settle()
+	sub.finish(d.e, false)
 }
 
 func (sub *subscription) acked(d *delivery) {
