@@ -56,15 +56,18 @@ type unit struct {
 
 // unitLease is what this worker knows of the lease of a unit's lane: until
 // when it is surely held (measured from before the statement that set it,
-// so never later than the database's locked_until), and whether renewal
-// found it held by another worker.
+// so never later than the database's locked_until), and whether it is lost:
+// renewal found the lane held by another worker, or this worker leased the
+// lane anew (superseded), which it can only once the lease had run out.
 type unitLease struct {
-	deadline atomic.Int64 // UnixNano
-	lost     atomic.Bool
+	deadline   atomic.Int64 // UnixNano
+	lost       atomic.Bool
+	superseded atomic.Bool
+	gone       chan struct{} // closed when lost
 }
 
 func newUnitLease(from time.Time, d time.Duration) *unitLease {
-	l := &unitLease{}
+	l := &unitLease{gone: make(chan struct{})}
 	l.renewed(from, d)
 	return l
 }
@@ -73,9 +76,34 @@ func (l *unitLease) renewed(from time.Time, d time.Duration) {
 	l.deadline.Store(from.Add(d).UnixNano())
 }
 
+// lose records that the lease is lost.
+func (l *unitLease) lose() {
+	if l.lost.CompareAndSwap(false, true) {
+		close(l.gone)
+	}
+}
+
+// supersede records that this worker leased the lane anew: the lease is
+// lost, and the lane in the database is the new lease's, which the unit of
+// the old one must neither give back nor continue (the lanes table tells
+// the two leases apart only by worker).
+func (l *unitLease) supersede() {
+	l.superseded.Store(true)
+	l.lose()
+}
+
 // held reports whether the lease is still surely this worker's at now.
 func (l *unitLease) held(now time.Time) bool {
 	return !l.lost.Load() && now.UnixNano() < l.deadline.Load()
+}
+
+// until is how long the lease is surely held from now, as far as this
+// worker knows now: renewal may extend it.
+func (l *unitLease) until(now time.Time) time.Duration {
+	if l.lost.Load() {
+		return 0
+	}
+	return time.Duration(l.deadline.Load() - now.UnixNano())
 }
 
 // fetchResult is the outcome of one fetch: the units to deliver, and the

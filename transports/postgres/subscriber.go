@@ -626,27 +626,47 @@ func (t *tracker) add(u unit) {
 	}
 	if u.lane != nil {
 		t.lanes[*u.lane]++
+		if old := t.leases[*u.lane]; old != nil {
+			// A unit of this worker still delivers the lane, under a lease
+			// that must have run out for the lane to be leased again: that
+			// unit stops, as if renewal had found the lane taken, and
+			// leaves the lane to this one.
+			old.supersede()
+		}
 		t.leases[*u.lane] = u.lease
 	}
 }
 
-// done forgets the rows of a unit that ended, and its lane's lease.
+// done forgets the rows of a unit that ended, and its lane's lease. The
+// lane stays tracked until it is given back (removeLane), unless the lease
+// was superseded: the unit does not give the lane back then (the new lease's
+// unit does), so it is forgotten here.
 func (t *tracker) done(u unit) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, r := range u.rows {
 		delete(t.rows, r.id)
 	}
-	if u.lane != nil && t.leases[*u.lane] == u.lease {
+	if u.lane == nil {
+		return
+	}
+	if t.leases[*u.lane] == u.lease {
 		delete(t.leases, *u.lane)
+	}
+	if u.lease.superseded.Load() {
+		t.removeLaneLocked(*u.lane)
 	}
 }
 
 // continued replaces a unit that ended by the next run of its lane
 // (subscription.next): the lane stays held, so its count does not change.
-func (t *tracker) continued(old, next unit) {
+// It reports false, and changes nothing, when old's lease was superseded.
+func (t *tracker) continued(old, next unit) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if old.lease.superseded.Load() {
+		return false
+	}
 	for _, r := range old.rows {
 		delete(t.rows, r.id)
 	}
@@ -656,6 +676,7 @@ func (t *tracker) continued(old, next unit) {
 		}
 	}
 	t.leases[*next.lane] = next.lease
+	return true
 }
 
 func (t *tracker) addLane(k laneKey) {
@@ -667,6 +688,10 @@ func (t *tracker) addLane(k laneKey) {
 func (t *tracker) removeLane(k laneKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.removeLaneLocked(k)
+}
+
+func (t *tracker) removeLaneLocked(k laneKey) {
 	if t.lanes[k]--; t.lanes[k] <= 0 {
 		delete(t.lanes, k)
 	}
@@ -697,7 +722,7 @@ func (t *tracker) renewed(from time.Time, d time.Duration, renewed, lost []laneK
 	}
 	for _, k := range lost {
 		if l := t.leases[k]; l != nil {
-			l.lost.Store(true)
+			l.lose()
 		}
 	}
 }

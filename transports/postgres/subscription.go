@@ -228,7 +228,7 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 	drained := false // the key's last run was all acked and held every row in line
 	defer func() {
 		s.tracked.done(u)
-		if u.lane != nil {
+		if u.lane != nil && !u.lease.superseded.Load() {
 			s.flush.lane(*u.lane, u.rows[len(u.rows)-1].id, drained)
 		}
 		sub.active.Add(-1)
@@ -266,6 +266,13 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 			drained = all && n.settled // the next run found nothing in line
 			return
 		}
+		if u.lease.superseded.Load() {
+			// This worker leased the lane anew meanwhile, and the next
+			// run was taken under that lease: leave it to the new unit
+			// (a release would cut the new lease's run short).
+			sub.settleAll(acks)
+			return
+		}
 		if !all || ctx.Err() != nil || !n.unit.lease.held(time.Now()) {
 			// This run stopped (a nack, shutdown, a lost lease), or it took
 			// longer than the next run's lease: give the next run back
@@ -274,7 +281,10 @@ func (sub *subscription) deliver(base, ctx context.Context, u unit) {
 			sub.release(n.unit.rows)
 			return
 		}
-		s.tracked.continued(u, n.unit)
+		if !s.tracked.continued(u, n.unit) {
+			sub.settleAll(acks) // superseded since the look above
+			return
+		}
 		u, written = n.unit, acks
 	}
 }
@@ -334,24 +344,22 @@ const collectFor = 20 * time.Millisecond
 func (sub *subscription) emit(base, ctx context.Context, u unit, acks *[]settleOp) bool {
 	s := sub.s
 	collectUntil := time.Now().Add(collectFor)
+	var timer *time.Timer // handOut's, made when a send first waits
 	for i, r := range u.rows {
 		if ctx.Err() != nil {
 			sub.release(u.rows[i:])
 			return false
 		}
-		if u.lease != nil && !u.lease.held(time.Now()) {
-			// Another worker may hold the key now: deliver nothing more of
-			// it. The releases are dropped by the lease guard if so.
-			s.leaseLost(u, len(u.rows)-i)
-			sub.release(u.rows[i:])
-			return false
-		}
 		mctx, cancel := context.WithCancel(base)
 		msg := s.newMessage(mctx, r)
-		select {
-		case sub.out <- msg:
-		case <-ctx.Done():
+		if !sub.handOut(ctx, u.lease, msg, &timer) {
 			cancel()
+			if ctx.Err() == nil {
+				// Another worker may hold the key now: deliver nothing
+				// more of it. The releases are dropped by the lease guard
+				// if so.
+				s.leaseLost(u, len(u.rows)-i)
+			}
 			sub.release(u.rows[i:])
 			return false
 		}
@@ -376,6 +384,51 @@ func (sub *subscription) emit(base, ctx context.Context, u unit, acks *[]settleO
 		}
 	}
 	return true
+}
+
+// handOut sends msg to the consumer and reports whether it did. It does not
+// once ctx ends, nor, for a keyed message (l not nil), once the lease of
+// its key is lost or has run out, before or while it waits for the
+// consumer to take it: another worker may hold the key by then. *timer is
+// the caller's, made here the first time a send has to wait.
+func (sub *subscription) handOut(ctx context.Context, l *unitLease, msg *message.Message, timer **time.Timer) bool {
+	if l == nil {
+		select {
+		case sub.out <- msg:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		left := l.until(time.Now())
+		if left <= 0 {
+			return false
+		}
+		select {
+		case sub.out <- msg:
+			return true
+		default:
+		}
+		if *timer == nil {
+			*timer = time.NewTimer(left)
+		} else {
+			(*timer).Reset(left)
+		}
+		select {
+		case sub.out <- msg:
+			(*timer).Stop()
+			return true
+		case <-ctx.Done():
+			(*timer).Stop()
+			return false
+		case <-l.gone:
+			(*timer).Stop()
+			return false
+		case <-(*timer).C:
+			// The lease ran out unless renewal extended it: look again.
+		}
+	}
 }
 
 func (sub *subscription) await(ctx context.Context, msg *message.Message) outcome {
