@@ -344,7 +344,6 @@ const collectFor = 20 * time.Millisecond
 func (sub *subscription) emit(base, ctx context.Context, u unit, acks *[]settleOp) bool {
 	s := sub.s
 	collectUntil := time.Now().Add(collectFor)
-	var timer *time.Timer // handOut's, made when a send first waits
 	for i, r := range u.rows {
 		if ctx.Err() != nil {
 			sub.release(u.rows[i:])
@@ -352,7 +351,7 @@ func (sub *subscription) emit(base, ctx context.Context, u unit, acks *[]settleO
 		}
 		mctx, cancel := context.WithCancel(base)
 		msg := s.newMessage(mctx, r)
-		if !sub.handOut(ctx, u.lease, msg, &timer) {
+		if !sub.handOut(ctx, u.lease, msg) {
 			cancel()
 			if ctx.Err() == nil {
 				// Another worker may hold the key now: deliver nothing
@@ -389,9 +388,8 @@ func (sub *subscription) emit(base, ctx context.Context, u unit, acks *[]settleO
 // handOut sends msg to the consumer and reports whether it did. It does not
 // once ctx ends, nor, for a keyed message (l not nil), once the lease of
 // its key is lost or has run out, before or while it waits for the
-// consumer to take it: another worker may hold the key by then. *timer is
-// the caller's, made here the first time a send has to wait.
-func (sub *subscription) handOut(ctx context.Context, l *unitLease, msg *message.Message, timer **time.Timer) bool {
+// consumer to take it: another worker may hold the key by then.
+func (sub *subscription) handOut(ctx context.Context, l *unitLease, msg *message.Message) bool {
 	if l == nil {
 		select {
 		case sub.out <- msg:
@@ -410,26 +408,32 @@ func (sub *subscription) handOut(ctx context.Context, l *unitLease, msg *message
 			return true
 		default:
 		}
-		if *timer == nil {
-			*timer = time.NewTimer(left)
-		} else {
-			(*timer).Reset(left)
-		}
+		t := leaseTimers.Get().(*time.Timer)
+		t.Reset(left)
+		sent, again := false, false
 		select {
 		case sub.out <- msg:
-			(*timer).Stop()
-			return true
+			sent = true
 		case <-ctx.Done():
-			(*timer).Stop()
-			return false
 		case <-l.gone:
-			(*timer).Stop()
-			return false
-		case <-(*timer).C:
-			// The lease ran out unless renewal extended it: look again.
+		case <-t.C:
+			again = true // the lease ran out unless renewal extended it: look again
+		}
+		t.Stop()
+		leaseTimers.Put(t)
+		if !again {
+			return sent
 		}
 	}
 }
+
+// leaseTimers are handOut's timers, stopped. (A stopped timer's channel
+// holds nothing: the module's go line is newer than Go 1.23.)
+var leaseTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 func (sub *subscription) await(ctx context.Context, msg *message.Message) outcome {
 	select {
