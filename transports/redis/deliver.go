@@ -110,24 +110,57 @@ func (sub *subscription) deliver(e *entry) *delivery {
 	})
 	msg.SetContext(msgCtx)
 
-	if !sub.fence.valid() {
-		// The shard is no longer surely ours: its next owner delivers the
-		// entry (DESIGN: a handoff is checked against the lease).
+	if !sub.handOut(msg) {
 		msgCtx.Settle()
-		sub.fenced()
-		sub.finish(e, false)
-		return nil
-	}
-	select {
-	case sub.out <- msg:
-	case <-sub.ctx.Done():
-		msgCtx.Settle()
+		if !sub.fence.valid() {
+			// The shard is no longer surely ours: its next owner delivers
+			// the entry (DESIGN: a handoff is checked against the lease).
+			sub.fenced()
+		}
 		sub.finish(e, false)
 		return nil
 	}
 	sub.s.stats.delivered.Add(1)
 	// Out from now: waiting for the consumer to take it does not count.
 	return &delivery{e: e, msg: msg, ctx: msgCtx, at: time.Now()}
+}
+
+// handOut sends msg on sub.out and reports whether it did. It does not once
+// the subscription stops, nor, on a sharded stream, once the shard's lease
+// is no longer surely ours, before or while it waits for the consumer to
+// take the message: a consumer paused past its lease hands nothing out when
+// it wakes. (A lease found lost stops the subscription.)
+func (sub *subscription) handOut(msg *message.Message) bool {
+	if sub.fence == nil {
+		select {
+		case sub.out <- msg:
+			return true
+		case <-sub.ctx.Done():
+			return false
+		}
+	}
+	for {
+		left := sub.fence.left()
+		if left <= 0 {
+			return false
+		}
+		select {
+		case sub.out <- msg:
+			return true
+		default:
+		}
+		sub.handTimer.Reset(left)
+		select {
+		case sub.out <- msg:
+			sub.handTimer.Stop()
+			return true
+		case <-sub.ctx.Done():
+			sub.handTimer.Stop()
+			return false
+		case <-sub.handTimer.C:
+			// The lease ran out unless a renewal extended it: look again.
+		}
+	}
 }
 
 // handedOut passes d to the settler, waking it when it has nothing out.
@@ -151,8 +184,7 @@ func (sub *subscription) handedOut(d *delivery) {
 func (sub *subscription) settleLoop() {
 	defer sub.msgs.Done()
 	var out []*delivery // oldest first
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	timer := stoppedTimer()
 	var timed *delivery // the delivery the timer is set for
 	done := sub.ctx.Done()
 	for {

@@ -187,7 +187,9 @@
 // holds across a handover.
 //
 // Fencing: a lease is "surely ours" until the local time a renewal was sent
-// plus ShardLease. A shard subscription checks that before each handoff;
+// plus ShardLease. A shard subscription checks that before each handoff,
+// and a message waiting for the consumer to take it is not handed out once
+// that time has passed;
 // Redis checks the lease's token with each read (XREADGROUP in a MULTI
 // under WATCH of the lease, so it does not block: the subscription waits
 // for new entries with a plain XREAD), and in the same Lua script as each

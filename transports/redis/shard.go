@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -193,6 +194,21 @@ func (f *fence) valid() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return !f.lost && time.Now().Before(f.until)
+}
+
+// left is how long the lease is surely ours from now, as far as this
+// consumer knows now (0 once lost): a renewal may extend it. A nil fence
+// (an unsharded stream) has no end.
+func (f *fence) left() time.Duration {
+	if f == nil {
+		return math.MaxInt64
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.lost {
+		return 0
+	}
+	return max(time.Until(f.until), 0)
 }
 
 func (f *fence) extend(until time.Time) {
