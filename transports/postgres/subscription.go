@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/handout"
 )
 
 // subscription is one Subscribe call: a fetch loop and one goroutine per
@@ -398,42 +399,13 @@ func (sub *subscription) handOut(ctx context.Context, l *unitLease, msg *message
 			return false
 		}
 	}
-	for {
-		left := l.until(time.Now())
-		if left <= 0 {
-			return false
-		}
-		select {
-		case sub.out <- msg:
-			return true
-		default:
-		}
-		t := leaseTimers.Get().(*time.Timer)
-		t.Reset(left)
-		sent, again := false, false
-		select {
-		case sub.out <- msg:
-			sent = true
-		case <-ctx.Done():
-		case <-l.gone:
-		case <-t.C:
-			again = true // the lease ran out unless renewal extended it: look again
-		}
-		t.Stop()
-		leaseTimers.Put(t)
-		if !again {
-			return sent
-		}
-	}
+	t := leaseTimers.Get().(*handout.Timer)
+	defer leaseTimers.Put(t)
+	return handout.Send(sub.out, msg, func() time.Duration { return l.until(time.Now()) }, ctx.Done(), l.gone, t)
 }
 
-// leaseTimers are handOut's timers, stopped. (A stopped timer's channel
-// holds nothing: the module's go line is newer than Go 1.23.)
-var leaseTimers = sync.Pool{New: func() any {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
-}}
+// leaseTimers are handOut's timers.
+var leaseTimers = sync.Pool{New: func() any { return new(handout.Timer) }}
 
 func (sub *subscription) await(ctx context.Context, msg *message.Message) outcome {
 	select {

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/handout"
 )
 
 // Entries are handed out without a goroutine per message:
@@ -139,28 +140,7 @@ func (sub *subscription) handOut(msg *message.Message) bool {
 			return false
 		}
 	}
-	for {
-		left := sub.fence.left()
-		if left <= 0 {
-			return false
-		}
-		select {
-		case sub.out <- msg:
-			return true
-		default:
-		}
-		sub.handTimer.Reset(left)
-		select {
-		case sub.out <- msg:
-			sub.handTimer.Stop()
-			return true
-		case <-sub.ctx.Done():
-			sub.handTimer.Stop()
-			return false
-		case <-sub.handTimer.C:
-			// The lease ran out unless a renewal extended it: look again.
-		}
-	}
+	return handout.Send(sub.out, msg, sub.fence.left, sub.ctx.Done(), nil, &sub.handTimer)
 }
 
 // handedOut passes d to the settler, waking it when it has nothing out.
@@ -184,7 +164,8 @@ func (sub *subscription) handedOut(d *delivery) {
 func (sub *subscription) settleLoop() {
 	defer sub.msgs.Done()
 	var out []*delivery // oldest first
-	timer := stoppedTimer()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	var timed *delivery // the delivery the timer is set for
 	done := sub.ctx.Done()
 	for {

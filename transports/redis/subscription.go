@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/omnibus-go/omnibus/internal/handout"
 )
 
 const (
@@ -52,7 +54,7 @@ type subscription struct {
 	ready chan *entry    // entries to hand out (see deliver.go); capacity MaxInFlight
 
 	delivererDone chan struct{}
-	handTimer     *time.Timer // the deliverer's, for handOut; stopped
+	handTimer     handout.Timer // the deliverer's, for handOut
 	outMu         sync.Mutex
 	outNew        []*delivery // handed out, not yet taken by the settler
 	settlerIdle   bool        // the settler has nothing out and waits for settlerWake
@@ -116,21 +118,12 @@ func newSubscription(ctx context.Context, s *Subscriber, topic, stream string) *
 		held:          make(map[string]*entry),
 		ready:         make(chan *entry, s.cfg.MaxInFlight),
 		delivererDone: make(chan struct{}),
-		handTimer:     stoppedTimer(),
 		settlerWake:   make(chan struct{}, 1),
 		keys:          make(map[string][]*entry),
 		ackSignal:     make(chan struct{}, 1),
 		ackStop:       make(chan struct{}),
 		ackDone:       make(chan struct{}),
 	}
-}
-
-// stoppedTimer returns a timer that is not running. (A stopped timer's
-// channel holds nothing: the module's go line is newer than Go 1.23.)
-func stoppedTimer() *time.Timer {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
 }
 
 func (sub *subscription) run() {
