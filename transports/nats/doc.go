@@ -32,7 +32,8 @@
 //
 // A consumer renews its leases by compare-and-set on the key's revision,
 // recording the floor as it does, and hands nothing out once its last
-// successful renewal was sent more than ShardLease ago. Another consumer
+// successful renewal was sent more than ShardLease ago, a message already
+// waiting for the consumer to take it included. Another consumer
 // takes a lease over when the key's revision has not changed for ShardLease
 // on its own clock; a consumer whose compare-and-set fails has lost the
 // shard and writes nothing more. What an owner read and did not settle is

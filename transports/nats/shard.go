@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/handout"
 )
 
 // shard reads one shard subject for its group while this consumer holds
@@ -188,11 +189,6 @@ func (sh *shard) lose(why string) {
 	sh.stopHard()
 }
 
-// valid tells whether the shard may still hand out.
-func (sh *shard) valid() bool {
-	return sh.soft.Err() == nil && time.Now().UnixNano() < sh.leaseUntil.Load()
-}
-
 // read reads the shard from the floor until soft ends or reading fails.
 func (sh *shard) read() error {
 	cfg := &sh.g.s.cfg
@@ -318,15 +314,10 @@ func (sh *shard) handOut(e *entry) (again bool) {
 		DeadLetter:       deadLetterSubject(g.base, g.s.cfg.ConsumerGroup),
 	})
 	msg.SetContext(ctx)
-	if !sh.valid() {
+	if !sh.send(msg) {
 		if sh.soft.Err() == nil {
 			sh.lose("its lease lapsed before it could be renewed")
 		}
-		return false
-	}
-	select {
-	case g.out <- msg:
-	case <-sh.soft.Done():
 		return false
 	}
 	g.s.stats.delivered.Add(1)
@@ -354,6 +345,16 @@ func (sh *shard) handOut(e *entry) (again bool) {
 	case <-sh.hard.Done():
 		return false
 	}
+}
+
+// send hands msg to the consumer and reports whether it did: not once soft
+// ends, nor once the lease has lapsed, before or while msg waits for the
+// consumer to take it (a process paused past its lease hands out nothing
+// when it wakes, whether or not keep has run since).
+func (sh *shard) send(msg *message.Message) bool {
+	var t handout.Timer
+	left := func() time.Duration { return time.Duration(sh.leaseUntil.Load() - time.Now().UnixNano()) }
+	return handout.Send(sh.g.out, msg, left, sh.soft.Done(), nil, &t)
 }
 
 // KeyDeadLetterMessageID is the header of a dead letter that holds the
