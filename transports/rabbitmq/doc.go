@@ -55,7 +55,8 @@
 //
 // A subscription's lease on its queues is the heartbeat (rabbitmq.heartbeat):
 // it makes a round trip to RabbitMQ every quarter of it, and hands nothing
-// out once the last successful round trip was sent longer ago than that.
+// out once the last successful round trip was sent longer ago than that,
+// a message already waiting for the consumer to take it included.
 // RabbitMQ closes a connection that missed two heartbeats and gives its
 // queues, with what it held unacknowledged, to the group's next consumer. So
 // a process stopped past its lease (SIGSTOP, a long GC pause, a network

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/omnibus-go/omnibus/bus"
+	"github.com/omnibus-go/omnibus/internal/handout"
 )
 
 // Subscriber receives a topic's messages as one consumer of a group. Each
@@ -303,9 +304,20 @@ func (ss *session) renewLoop() {
 	}
 }
 
-// valid tells whether the session may still hand out.
-func (ss *session) valid() bool {
-	return ss.ctx.Err() == nil && !ss.conn.IsClosed() && time.Now().UnixNano() < ss.leaseUntil.Load()
+// send hands msg to the consumer and reports whether it did: not once the
+// session ends or its connection is closed, nor once its lease has lapsed,
+// before or while msg waits for the consumer to take it (a process paused
+// past its lease hands out nothing when it wakes, whether or not renewLoop
+// has run since).
+func (ss *session) send(msg *message.Message) bool {
+	var t handout.Timer
+	left := func() time.Duration {
+		if ss.conn.IsClosed() {
+			return 0
+		}
+		return time.Duration(ss.leaseUntil.Load() - time.Now().UnixNano())
+	}
+	return handout.Send(ss.sub.out, msg, left, ss.ctx.Done(), nil, &t)
 }
 
 // fence ends the session: its connection closes, RabbitMQ redelivers what
@@ -397,13 +409,8 @@ func (ss *session) handOut(e *entry) (again bool) {
 		DeadLetter:       deadLetterQueue(sub.exchange, sub.cfg.ConsumerGroup),
 	})
 	msg.SetContext(ctx)
-	if !ss.valid() {
+	if !ss.send(msg) {
 		ss.fence()
-		return false
-	}
-	select {
-	case sub.out <- msg:
-	case <-ss.ctx.Done():
 		return false
 	}
 	sub.s.stats.delivered.Add(1)
