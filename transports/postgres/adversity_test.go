@@ -410,6 +410,38 @@ func (r *leaseRecorder) ObserveLeaseLost(l LeaseLostInfo) {
 	r.mu.Unlock()
 }
 
+// takeOver expires every lease of ob's table, as if the relays holding them
+// had been stopped past them, and has worker take the key over with one
+// fetch, until it gets one unit. (A relay still renews every Lease/3; a
+// renewal between the two statements wins, so it tries again.)
+func takeOver(t *testing.T, pool *pgxpool.Pool, ob *Outbox, worker string) fetchResult {
+	t.Helper()
+	ctx := context.Background()
+	e := testEngine(pool, ob, worker, 16)
+	var res fetchResult
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		_, err := pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
+			UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
+		require.NoError(t, err)
+		res, err = e.fetch(ctx, AllTopics, 10, 10)
+		require.NoError(t, err)
+		return len(res.units) == 1
+	}, "%s to take the key", worker)
+	return res
+}
+
+// noticeLoss waits until s has no lease of k that it still holds: its
+// renewal found the key taken, or the unit that held it stopped.
+func noticeLoss(t *testing.T, s *Subscriber, k laneKey) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		s.tracked.mu.Lock()
+		defer s.tracked.mu.Unlock()
+		l := s.tracked.leases[k]
+		return l == nil || l.lost.Load()
+	}, "the first relay to notice")
+}
+
 // A relay whose handler outlives its lease (a long GC pause, SIGSTOP) while
 // another relay takes the key must not deliver another row of that key.
 func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
@@ -446,28 +478,14 @@ func TestSubscriber_RelayThatLostItsLeaseStopsItsRun(t *testing.T) {
 	// at a time (the first relay may have died on one of them). (The first relay
 	// still renews every Lease/3; a renewal between the two statements wins,
 	// so try again until the second relay gets the key.)
-	second := testEngine(pool, ob, "second", 16)
-	var res fetchResult
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
-			UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
-		require.NoError(t, err)
-		res, err = second.fetch(ctx, AllTopics, 10, 10)
-		require.NoError(t, err)
-		return len(res.units) == 1
-	}, "the second relay to take the key")
+	res := takeOver(t, pool, ob, "second")
 	require.Equal(t, []string{"r1"}, payloads(res.units[0].rows), "the second relay took the key, one left-over row at a time")
 
 	// The first relay's next renewal finds the key taken.
 	// (The first relay may also have leased the key anew itself, in a turn
 	// on it (takeTurn) that found it expired by the test; that unit stops
 	// the same way, and is gone once it has.)
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		s1.tracked.mu.Lock()
-		defer s1.tracked.mu.Unlock()
-		l := s1.tracked.leases[laneKey{topic: "t", key: "k"}]
-		return l == nil || l.lost.Load()
-	}, "the first relay to notice")
+	noticeLoss(t, s1, laneKey{topic: "t", key: "k"})
 	first.Ack()
 	select {
 	case m := <-ch:
@@ -517,22 +535,8 @@ func TestSubscriber_AMessageWaitingForItsConsumerIsNotHandedOutOnceItsLeaseIsLos
 
 	// Nobody reads ch. The first relay's lease runs out and a second relay
 	// takes the key, until the first relay's renewal finds it taken.
-	second := testEngine(pool, ob, "second", 16)
-	var res fetchResult
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		_, err = pool.Exec(ctx, `UPDATE `+ob.q.table.quoted()+` SET locked_until = now() - interval '1s';
-			UPDATE `+ob.q.table.derived("_lanes").quoted()+` SET locked_until = now() - interval '1s'`)
-		require.NoError(t, err)
-		res, err = second.fetch(ctx, AllTopics, 10, 10)
-		require.NoError(t, err)
-		return len(res.units) == 1
-	}, "the second relay to take the key")
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		s1.tracked.mu.Lock()
-		defer s1.tracked.mu.Unlock()
-		l := s1.tracked.leases[laneKey{topic: "t", key: "k"}]
-		return l == nil || l.lost.Load()
-	}, "the first relay to notice")
+	takeOver(t, pool, ob, "second")
+	noticeLoss(t, s1, laneKey{topic: "t", key: "k"})
 	select {
 	case m := <-ch:
 		t.Fatalf("the first relay handed out %s after the second took its key", m.Payload)
