@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // ack queues id for the next XACK.
@@ -179,15 +181,21 @@ func (sub *subscription) unconfirmedAcks() map[string]struct{} {
 
 // xack acknowledges ids: with XACK, or for a shard subscription only while
 // its lease is ours (errFenced otherwise).
+//
+// The ids go into the command as *string, which go-redis writes as the
+// string: boxing each id in an interface cost an allocation per message.
 func (sub *subscription) xack(ctx context.Context, ids []string) error {
 	if sub.fence == nil {
-		return sub.client.XAck(ctx, sub.stream, sub.cfg.ConsumerGroup, ids...).Err()
+		args := make([]any, 0, 3+len(ids))
+		args = append(args, "xack", sub.stream, sub.cfg.ConsumerGroup)
+		args = appendIDs(args, ids)
+		cmd := redis.NewIntCmd(ctx, args...)
+		_ = sub.client.Process(ctx, cmd)
+		return cmd.Err()
 	}
 	argv := make([]any, 0, 2+len(ids))
 	argv = append(argv, sub.cfg.ConsumerGroup, sub.fence.value)
-	for _, id := range ids {
-		argv = append(argv, id)
-	}
+	argv = appendIDs(argv, ids)
 	n, err := fencedAckScript.Run(ctx, sub.client, []string{sub.stream, sub.fence.key}, argv...).Int64()
 	if err != nil {
 		return err
@@ -196,4 +204,13 @@ func (sub *subscription) xack(ctx context.Context, ids []string) error {
 		return errFenced
 	}
 	return nil
+}
+
+// appendIDs appends a pointer to each of ids to args. ids must not change
+// until the command that args make has run.
+func appendIDs(args []any, ids []string) []any {
+	for i := range ids {
+		args = append(args, &ids[i])
+	}
+	return args
 }
