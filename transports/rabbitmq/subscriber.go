@@ -410,7 +410,9 @@ func (ss *session) handOut(e *entry) (again bool) {
 	})
 	msg.SetContext(ctx)
 	if !ss.send(msg) {
-		ss.fence()
+		if ss.ctx.Err() == nil {
+			ss.fence() // the lease lapsed or the connection closed (an ending session closes it itself)
+		}
 		return false
 	}
 	sub.s.stats.delivered.Add(1)
