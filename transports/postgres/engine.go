@@ -93,9 +93,7 @@ func (l *unitLease) supersede() {
 }
 
 // held reports whether the lease is still surely this worker's at now.
-func (l *unitLease) held(now time.Time) bool {
-	return !l.lost.Load() && now.UnixNano() < l.deadline.Load()
-}
+func (l *unitLease) held(now time.Time) bool { return l.until(now) > 0 }
 
 // until is how long the lease is surely held from now, as far as this
 // worker knows now: renewal may extend it.

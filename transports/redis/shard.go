@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,12 +196,8 @@ func (f *fence) valid() bool {
 }
 
 // left is how long the lease is surely ours from now, as far as this
-// consumer knows now (0 once lost): a renewal may extend it. A nil fence
-// (an unsharded stream) has no end.
+// consumer knows now (0 once lost): a renewal may extend it.
 func (f *fence) left() time.Duration {
-	if f == nil {
-		return math.MaxInt64
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.lost {
